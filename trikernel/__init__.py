@@ -1,0 +1,15 @@
+"""trikernel: a Jupyter kernel for Python on trio structured concurrency.
+
+Public API: ``nursery`` (the user nursery that outlives cells, available once
+the kernel runs), ``__version__``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "nursery"]
+
+#: The user nursery (set by the kernel at start-up; None outside a kernel).
+nursery: Any = None

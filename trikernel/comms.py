@@ -1,0 +1,103 @@
+"""``comm`` package integration: kernel-side comms publish on IOPub.
+
+Replaces ``comm.create_comm`` and ``comm.get_comm_manager`` so that
+ipywidgets and other comm users talk through trikernel. Comm messages from
+the frontend (comm_open / comm_msg / comm_close, messaging spec "Custom
+Messages") are dispatched to the manager on the main thread, as
+jupyter_client-style message dicts, so ``on_msg`` handlers run there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import comm
+from comm.base_comm import BaseComm, BuffersType, CommManager, MaybeDict
+
+from .iopub import IOPubQueue
+from .messages import Session
+from .outstream import ParentTracker
+from .wire import Message, Signer
+
+
+class TrikernelComm(BaseComm):
+    """A comm whose messages go through the IOPub queue (with backpressure)."""
+
+    kernel: Any = None  # set by install()
+
+    def publish_msg(
+        self,
+        msg_type: str,
+        data: MaybeDict = None,
+        metadata: MaybeDict = None,
+        buffers: BuffersType = None,
+        **keys: Any,
+    ) -> None:
+        k = TrikernelComm.kernel
+        content = {"data": {} if data is None else data, "comm_id": self.comm_id, **keys}
+        bufs = tuple(bytes(b) for b in buffers) if buffers else ()
+        msg = k.session.iopub(msg_type, content, k.parents.get(), metadata=metadata or {}, buffers=bufs)
+        k.iopub_queue.put(msg, k.signer)
+
+    def handle_msg(self, msg: dict[str, Any]) -> None:
+        # ipykernel brackets comm callbacks with pre/post_execute so that
+        # e.g. matplotlib figures made in a widget callback are flushed.
+        shell = getattr(TrikernelComm.kernel, "shell", None)
+        if self._msg_callback and shell is not None:
+            shell.events.trigger("pre_execute")
+            try:
+                self._msg_callback(msg)
+            finally:
+                shell.events.trigger("post_execute")
+        else:
+            super().handle_msg(msg)
+
+
+class _Kernelish:
+    def __init__(self, session: Session, signer: Signer, queue: IOPubQueue, parents: ParentTracker):
+        self.session = session
+        self.signer = signer
+        self.iopub_queue = queue
+        self.parents = parents
+        self.shell: Any = None
+
+
+def install(session: Session, signer: Signer, queue: IOPubQueue, parents: ParentTracker) -> CommManager:
+    """Wire ``comm`` to trikernel; returns the one CommManager."""
+    TrikernelComm.kernel = _Kernelish(session, signer, queue, parents)
+    manager = CommManager()
+    comm.create_comm = lambda *a, **kw: TrikernelComm(*a, **kw)
+    comm.get_comm_manager = lambda: manager
+    return manager
+
+
+def set_shell(shell: Any) -> None:
+    TrikernelComm.kernel.shell = shell
+
+
+def as_dict(msg: Message) -> dict[str, Any]:
+    """A jupyter_client-style dict of ``msg`` for comm handlers."""
+    return {
+        "header": msg.header,
+        "parent_header": msg.parent_header,
+        "metadata": msg.metadata,
+        "content": msg.content,
+        "buffers": [memoryview(b) for b in msg.buffers],
+        "msg_id": msg.msg_id,
+        "msg_type": msg.msg_type,
+    }
+
+
+def dispatch(manager: CommManager, msg: Message) -> None:
+    """Run the manager's handler for a frontend comm_open/comm_msg/comm_close."""
+    handler = getattr(manager, msg.msg_type)
+    handler(None, None, as_dict(msg))
+
+
+def comm_info(manager: CommManager, target_name: str | None) -> dict[str, Any]:
+    comms = {
+        cid: {"target_name": c.target_name}
+        for cid, c in list(manager.comms.items())
+        if target_name is None or c.target_name == target_name
+    }
+    return {"status": "ok", "comms": comms}

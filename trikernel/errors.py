@@ -1,0 +1,33 @@
+"""Typed errors for trikernel; each says whose fault it is.
+
+- ``ProtocolError``: a peer sent something we cannot accept (bad frames, bad
+  signature, bad JSON). Remote fault: log, drop, keep serving.
+- ``ConfigError``: a bad option, connection file or kernelspec. Stops start-up
+  with a message naming the field.
+- ``HandshakeError``: the JEP 66 registration failed (no ack, bad ack).
+"""
+
+from __future__ import annotations
+
+
+class TrikernelError(Exception):
+    """Base class of every error trikernel raises on purpose."""
+
+
+class ProtocolError(TrikernelError):
+    """A peer sent a message that violates the Jupyter messaging protocol.
+
+    Remote fault: the message is logged (without secrets) and dropped; the
+    kernel keeps serving.
+    """
+
+
+class ConfigError(TrikernelError):
+    """A bad option, connection file field or kernelspec entry.
+
+    The message names the offending field; start-up stops (exit code 2).
+    """
+
+
+class HandshakeError(TrikernelError):
+    """JEP 66 registration with the launcher failed (timeout, bad reply)."""

@@ -1,0 +1,413 @@
+"""The IOPub path: one bounded queue, one task that owns the XPUB socket.
+
+DESIGN.md section 2. Every IOPub message (status, execute_input, stream,
+display_data, execute_result, error, clear_output, comm_*) goes through ONE
+:class:`IOPubQueue`. Its consumer is :meth:`IOPubPublisher.run`, the iopub
+task in the io thread's trio run, the sole owner of the XPUB socket.
+
+Why not a trio memory channel: producers live in other threads (the user
+code's main thread, threads the user starts) and in the io run itself; a
+trio channel belongs to one run. The queue is a deque guarded by a
+``threading.Semaphore`` of ``capacity`` credits: a producer takes a credit
+before it appends (blocking = backpressure), the iopub task gives it back
+after the message left through libzmq. Queue + in-flight never exceed
+``capacity`` messages. FIFO across all producers gives busy < execute_input
+< outputs < idle by construction.
+
+stream coalescing: ``write_stream`` appends text to the *open* batch of that
+stream (no credit needed) while the batch waits in the queue; any other
+message, another stream or a new parent seals it. So a print flood becomes
+few large ``stream`` messages; the first write of a burst leaves at once.
+
+Sending: non-blocking sends with XPUB_NODROP on. libzmq's XPUB signals
+POLLOUT even when a subscriber pipe is full (NODROP only shows as EAGAIN on
+send), so a full subscriber is waited for by retrying with backoff (0.5 ms
+doubling to 50 ms) — bounded by ``send_timeout``. Past it the message is
+sent once with NODROP off (only full subscribers lose it), the event is
+counted and logged (warning, rate-limited), and the task enters *degraded*
+mode: further EAGAINs fall back at once, until a NODROP send succeeds again
+(the stuck subscriber drained or left). Every new subscriber gets an
+``iopub_welcome`` (XPUB_VERBOSE on, JEP 65).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+import zmq
+
+from .messages import Session
+from .wire import Message, Signer, serialize
+
+log = logging.getLogger("trikernel.iopub")
+
+#: Backoff bounds (seconds) while a NODROP send meets a full subscriber.
+RETRY_MIN_DELAY = 0.0005
+RETRY_MAX_DELAY = 0.05
+#: Minimum seconds between two warnings of the same kind.
+WARN_INTERVAL = 5.0
+#: Minimum seconds between two ``stream`` messages of one stream while a
+#: flood goes on (the batch stays open and collects text meanwhile).
+STREAM_INTERVAL = 0.01
+#: Seconds an open stream batch waits before it leaves, so ``print("x")``
+#: (two writes: text, newline) becomes one message.
+FIRST_WRITE_DELAY = 0.001
+
+
+@dataclass
+class IOPubStats:
+    """Counters of the IOPub path; read them with ``%trikernel``.
+
+    - ``sent``: messages that left through libzmq.
+    - ``waits``: sends that met a full subscriber (NODROP EAGAIN) and waited.
+    - ``wait_seconds``: total seconds spent in such waits.
+    - ``max_wait``: longest single wait, seconds.
+    - ``fallback_drops``: messages sent lossy after ``send_timeout`` or in
+      degraded mode; each lost by at least one stalled subscriber.
+    - ``welcomes``: ``iopub_welcome`` messages sent.
+    - ``stream_messages`` / ``stream_writes``: coalescing ratio.
+    """
+
+    sent: int = 0
+    waits: int = 0
+    wait_seconds: float = 0.0
+    max_wait: float = 0.0
+    fallback_drops: int = 0
+    welcomes: int = 0
+    stream_messages: int = 0
+    stream_writes: int = 0
+    producer_blocks: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(eq=False)
+class StreamBatch:
+    """Text of one stream for one parent, collected while queued."""
+
+    name: str
+    parent: dict[str, Any]
+    parts: list[str] = field(default_factory=list)
+    size: int = 0
+    sealed: bool = False
+
+
+class _Close:
+    pass
+
+
+_CLOSE = _Close()
+_Item = tuple[str, list[bytes]] | StreamBatch | _Close
+
+
+class IOPubQueue:
+    """Bounded multi-producer queue into the iopub task (thread-safe).
+
+    ``capacity``: messages (queued + in flight) before producers block.
+    ``stream_batch_bytes``: a stream batch is sealed past this many chars.
+    """
+
+    def __init__(self, capacity: int, stream_batch_bytes: int, stats: IOPubStats):
+        self.capacity = capacity
+        self.stream_batch_bytes = stream_batch_bytes
+        self.stats = stats
+        self._credits = threading.Semaphore(capacity)
+        self._items: deque[_Item] = deque()
+        self._lock = threading.Lock()
+        self._open: dict[str, StreamBatch] = {}
+        self._consumer_wake: trio.Event | None = None
+        self._io_token: trio.lowlevel.TrioToken | None = None
+        self._io_thread: int | None = None
+        self._credit_returned: trio.Event | None = None
+        self.closed = False
+
+    # -- wiring -----------------------------------------------------------
+    def attach(self) -> None:
+        """Called once from the io run: remember its token and thread."""
+        self._io_token = trio.lowlevel.current_trio_token()
+        self._io_thread = threading.get_ident()
+
+    @property
+    def in_io_thread(self) -> bool:
+        return threading.get_ident() == self._io_thread
+
+    # -- producers ----------------------------------------------------------
+    def _acquire_blocking(self) -> None:
+        if not self._credits.acquire(blocking=False):
+            self.stats.producer_blocks += 1
+            self._credits.acquire()  # interruptible by signals (KeyboardInterrupt)
+
+    async def _acquire_async(self) -> None:
+        while not self._credits.acquire(blocking=False):
+            self.stats.producer_blocks += 1
+            if self._credit_returned is None:
+                self._credit_returned = trio.Event()
+            await self._credit_returned.wait()
+
+    def _append_locked(self, item: _Item) -> None:
+        # any non-stream item seals every open batch (keeps write order)
+        for b in self._open.values():
+            b.sealed = True
+        self._open.clear()
+        if isinstance(item, StreamBatch):
+            self._open[item.name] = item
+        self._items.append(item)
+        if self._consumer_wake is not None:
+            ev, self._consumer_wake = self._consumer_wake, None
+            if self.in_io_thread:
+                ev.set()
+            else:
+                assert self._io_token is not None
+                self._io_token.run_sync_soon(ev.set)
+
+    def put(self, frames_or_msg: Message, signer: Signer) -> None:
+        """Queue a message from any thread except the io thread; blocks when full."""
+        frames = serialize(frames_or_msg, signer)
+        if self.in_io_thread:
+            raise RuntimeError("IOPubQueue.put from the io thread; use aput")
+        self._acquire_blocking()
+        try:
+            with self._lock:
+                self._append_locked((frames_or_msg.msg_type, frames))
+        except BaseException:
+            self._credits.release()
+            raise
+
+    async def aput(self, msg: Message, signer: Signer) -> None:
+        """Queue a message from a task of the io run; waits when full."""
+        frames = serialize(msg, signer)
+        await self._acquire_async()
+        with self._lock:
+            self._append_locked((msg.msg_type, frames))
+
+    def write_stream(self, name: str, text: str, parent: dict[str, Any]) -> None:
+        """Append ``text`` to stream ``name`` (stdout/stderr) for ``parent``.
+
+        Coalesces into the open batch when possible; otherwise takes a credit
+        (may block) and queues a new batch.
+        """
+        self.stats.stream_writes += 1
+        pid = parent.get("msg_id")
+        with self._lock:
+            b = self._open.get(name)
+            if b is not None and not b.sealed and b.parent.get("msg_id") == pid and b.size < self.stream_batch_bytes:
+                b.parts.append(text)
+                b.size += len(text)
+                return
+        self._acquire_blocking()
+        try:
+            with self._lock:
+                nb = StreamBatch(name, parent, [text], len(text))
+                self._append_locked(nb)
+        except BaseException:
+            self._credits.release()
+            raise
+
+    # -- consumer -----------------------------------------------------------
+    async def get(self) -> _Item:
+        while True:
+            with self._lock:
+                if self._items:
+                    return self._items.popleft()
+                ev = self._consumer_wake = trio.Event()
+            await ev.wait()
+
+    def take_text(self, b: StreamBatch) -> str:
+        with self._lock:
+            b.sealed = True
+            if self._open.get(b.name) is b:
+                del self._open[b.name]
+            text = "".join(b.parts)
+            b.parts.clear()
+        return text
+
+    def release(self) -> None:
+        self._credits.release()
+        if self._credit_returned is not None:
+            ev, self._credit_returned = self._credit_returned, None
+            ev.set()
+
+    def close(self) -> None:
+        """Queue the end marker (from the io run); the task drains, then exits."""
+        with self._lock:
+            self.closed = True
+            self._append_locked(_CLOSE)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class _RateLimitedWarning:
+    def __init__(self, what: str):
+        self.what = what
+        self.last = -1e9
+        self.suppressed = 0
+
+    def __call__(self, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self.last >= WARN_INTERVAL:
+            extra = f" ({self.suppressed} similar suppressed)" if self.suppressed else ""
+            log.warning(msg + extra, *args)
+            self.last = now
+            self.suppressed = 0
+        else:
+            self.suppressed += 1
+
+
+class IOPubPublisher:
+    """The iopub task: drains the queue into the XPUB socket.
+
+    Owns: the XPUB socket. Reads: the queue, subscription frames. Writes:
+    messages, ``iopub_welcome``. Exits: after the close marker (queue
+    drained) or on cancellation.
+    """
+
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        queue: IOPubQueue,
+        session: Session,
+        signer: Signer,
+        *,
+        send_timeout: float,
+        warn_after: float,
+    ):
+        self.sock = sock
+        self.queue = queue
+        self.session = session
+        self.signer = signer
+        self.send_timeout = send_timeout
+        self.warn_after = warn_after
+        self.stats = queue.stats
+        self.degraded = False
+        self._warn_wait = _RateLimitedWarning("wait")
+        self._warn_drop = _RateLimitedWarning("drop")
+        self._last_stream = 0.0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.queue.attach()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_subscriptions)
+            task_status.started()
+            while True:
+                item = await self.queue.get()
+                if isinstance(item, _Close):
+                    break
+                try:
+                    if isinstance(item, StreamBatch):
+                        await self._send_stream(item)
+                    else:
+                        await self._send(item[1])
+                finally:
+                    self.queue.release()
+            nursery.cancel_scope.cancel()
+
+    async def _send_stream(self, b: StreamBatch) -> None:
+        # While a flood goes on, let the open tail batch collect more text.
+        if not b.sealed:
+            # still the open tail of the queue: let it gather the rest of the
+            # line (FIRST_WRITE_DELAY), or of a flood (STREAM_INTERVAL)
+            wait = max(FIRST_WRITE_DELAY, self._last_stream + STREAM_INTERVAL - time.monotonic())
+            await trio.sleep(wait)
+        text = self.queue.take_text(b)
+        msg = self.session.iopub("stream", {"name": b.name, "text": text}, b.parent)
+        self._last_stream = time.monotonic()
+        self.stats.stream_messages += 1
+        await self._send(serialize(msg, self.signer))
+
+    async def _send(self, frames: list[bytes]) -> None:
+        sock = self.sock
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+            self.degraded = False
+        except zmq.Again:
+            await self._send_waiting(frames)
+        self.stats.sent += 1
+        # Our send may have consumed the FD's edge for a pending subscription.
+        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._handle_subscriptions()
+
+    async def _send_waiting(self, frames: list[bytes]) -> None:
+        if self.degraded:
+            self._send_lossy(frames)
+            return
+        self.stats.waits += 1
+        start = time.monotonic()
+        delay = RETRY_MIN_DELAY
+        warned = False
+        try:
+            while True:
+                await trio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_DELAY)
+                try:
+                    self.sock.send_multipart(frames, zmq.NOBLOCK)
+                    return
+                except zmq.Again:
+                    pass
+                waited = time.monotonic() - start
+                if not warned and waited >= self.warn_after:
+                    warned = True
+                    self._warn_wait(
+                        "iopub: a subscriber is not reading; waited %.1fs so far (waits=%d, fallback drops=%d)",
+                        waited,
+                        self.stats.waits,
+                        self.stats.fallback_drops,
+                    )
+                if waited >= self.send_timeout:
+                    self.degraded = True
+                    self._send_lossy(frames)
+                    return
+        finally:
+            waited = time.monotonic() - start
+            self.stats.wait_seconds += waited
+            self.stats.max_wait = max(self.stats.max_wait, waited)
+
+    def _send_lossy(self, frames: list[bytes]) -> None:
+        sock = self.sock
+        sock.setsockopt(zmq.XPUB_NODROP, 0)
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+        finally:
+            sock.setsockopt(zmq.XPUB_NODROP, 1)
+        self.stats.fallback_drops += 1
+        self._warn_drop(
+            "iopub: a subscriber stalled past the %.1fs send timeout; it loses messages "
+            "(fallback drops so far: %d). Other subscribers receive everything.",
+            self.send_timeout,
+            self.stats.fallback_drops,
+        )
+
+    async def _watch_subscriptions(self) -> None:
+        fd = self.sock.getsockopt(zmq.FD)
+        while True:
+            self._handle_subscriptions()
+            await trio.lowlevel.wait_readable(fd)
+
+    def _handle_subscriptions(self) -> None:
+        sock = self.sock
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            sub = frames[0] if frames else b""
+            if sub[:1] != b"\x01":
+                continue  # unsubscribe
+            topic = sub[1:]
+            msg = self.session.msg(
+                "iopub_welcome", {"subscription": topic.decode("utf-8", "replace")}, None, identities=(topic,)
+            )
+            # A welcome goes out lossy: the new subscriber's pipe is empty, so it gets it.
+            sock.setsockopt(zmq.XPUB_NODROP, 0)
+            try:
+                sock.send_multipart(serialize(msg, self.signer), zmq.NOBLOCK)
+            finally:
+                sock.setsockopt(zmq.XPUB_NODROP, 1)
+            self.stats.welcomes += 1

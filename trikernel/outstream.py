@@ -1,0 +1,85 @@
+"""sys.stdout / sys.stderr replacements that become IOPub ``stream`` messages.
+
+Parent routing: the parent header comes from the ``current_parent``
+context variable (set for every job; trio tasks started inside a cell
+inherit it), else from the latest execute request (threads the cell
+started do not inherit context variables). Text goes into the IOPub queue's
+coalescing batches (iopub.py); writing never blocks unless the queue is
+full (backpressure).
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from contextvars import ContextVar
+from typing import Any
+
+from .iopub import IOPubQueue
+
+#: Parent header of the request whose code is running in this context.
+current_parent: ContextVar[dict[str, Any] | None] = ContextVar("trikernel_parent", default=None)
+
+
+class ParentTracker:
+    """Holds the fallback parent: the header of the latest execute request."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, Any] = {}
+
+    def get(self) -> dict[str, Any]:
+        p = current_parent.get()
+        return p if p is not None else self.latest
+
+
+class OutStream(io.TextIOBase):
+    """A text stream named ``stdout`` or ``stderr`` that publishes on IOPub."""
+
+    def __init__(self, name: str, queue: IOPubQueue, parents: ParentTracker, fallback: Any = None):
+        super().__init__()
+        self.name_ = name
+        self._queue = queue
+        self._parents = parents
+        self._fallback = fallback  # the real sys.__stderr__ for writes from the io thread
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"<{self.name_}>"
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("trikernel streams have no file descriptor")
+
+    def write(self, s: str) -> int:
+        if not isinstance(s, str):
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+        if not s:
+            return 0
+        if self._queue.in_io_thread or self._queue.closed:
+            # the io thread must never block on its own queue
+            if self._fallback is not None:
+                self._fallback.write(s)
+            return len(s)
+        self._queue.write_stream(self.name_, s, self._parents.get())
+        return len(s)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        """Nothing to do: text is queued in order as it is written."""
+
+
+def install(queue: IOPubQueue, parents: ParentTracker) -> None:
+    sys.stdout = OutStream("stdout", queue, parents, sys.__stdout__)
+    sys.stderr = OutStream("stderr", queue, parents, sys.__stderr__)

@@ -1,0 +1,317 @@
+"""IPython integration: execute, complete, inspect, is_complete, history.
+
+Runs only on the main thread, inside the user trio run (executor.py).
+Display goes out as IOPub display_data / update_display_data /
+clear_output / execute_result / error (messaging spec "IOPub"); ``?`` and
+``%page`` become ``page`` payloads; ``exit`` becomes an ``ask_exit``
+payload. Cells are run with ``run_cell_async`` awaited in the user trio run,
+so top-level ``await`` of trio code works with no magic.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import getpass
+import logging
+import os
+import sys
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from IPython.core.autocall import ZMQExitAutocall
+from IPython.core.displayhook import DisplayHook
+from IPython.core.displaypub import DisplayPublisher
+from IPython.core.error import StdinNotImplementedError
+from IPython.core.interactiveshell import InteractiveShell, InteractiveShellABC
+from IPython.core import payloadpage
+from IPython.utils.tokenutil import token_at_cursor
+from traitlets import Any as TAny
+from traitlets import Instance, Type
+
+from .iopub import IOPubQueue
+from .messages import Session
+from .outstream import ParentTracker
+from .wire import Signer
+
+log = logging.getLogger("trikernel.shell")
+
+
+class Publisher:
+    """Everything the shell needs to publish on IOPub."""
+
+    def __init__(self, session: Session, signer: Signer, queue: IOPubQueue, parents: ParentTracker):
+        self.session = session
+        self.signer = signer
+        self.queue = queue
+        self.parents = parents
+
+    def send(self, msg_type: str, content: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:
+        msg = self.session.iopub(msg_type, content, self.parents.get(), metadata=metadata or {})
+        self.queue.put(msg, self.signer)
+
+
+def clean_bundle(data: dict[str, Any]) -> dict[str, Any]:
+    """Mime bundle with bytes values base64-encoded (images) for JSON."""
+    out = {}
+    for k, v in data.items():
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            v = base64.b64encode(bytes(v)).decode("ascii")
+        out[k] = v
+    return out
+
+
+class TrikernelDisplayPublisher(DisplayPublisher):
+    publisher = TAny()
+
+    def publish(  # type: ignore[override]
+        self,
+        data: dict[str, Any],
+        metadata: dict[str, Any] | None = None,
+        source: Any = None,
+        *,
+        transient: dict[str, Any] | None = None,
+        update: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        content = {"data": clean_bundle(data), "metadata": metadata or {}, "transient": transient or {}}
+        self.publisher.send("update_display_data" if update else "display_data", content)
+
+    def clear_output(self, wait: bool = False) -> None:
+        self.publisher.send("clear_output", {"wait": bool(wait)})
+
+
+class TrikernelDisplayHook(DisplayHook):
+    """execute_result for the last expression of a cell."""
+
+    publisher = TAny()
+
+    def start_displayhook(self) -> None:
+        self._content: dict[str, Any] = {"data": {}, "metadata": {}}
+
+    def write_output_prompt(self) -> None:
+        self._content["execution_count"] = self.prompt_count
+
+    def write_format_data(self, format_dict: dict[str, Any], md_dict: dict[str, Any] | None = None) -> None:
+        self._content["data"] = clean_bundle(format_dict)
+        self._content["metadata"] = md_dict or {}
+
+    def finish_displayhook(self) -> None:
+        if self._content.get("data"):
+            self.publisher.send("execute_result", self._content)
+        self._content = {}
+
+
+class TrikernelShell(InteractiveShell):
+    """An InteractiveShell that publishes through trikernel."""
+
+    displayhook_class = Type(TrikernelDisplayHook)
+    display_pub_class = Type(TrikernelDisplayPublisher)
+    exiter = Instance(ZMQExitAutocall)
+    publisher = TAny()
+
+    def _exiter_default(self) -> ZMQExitAutocall:
+        return ZMQExitAutocall(self)
+
+    def init_environment(self) -> None:
+        env = os.environ
+        env["TERM"] = "xterm-color"
+        env["CLICOLOR"] = "1"
+        env["PAGER"] = "cat"
+        env["GIT_PAGER"] = "cat"
+        env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+
+    def init_hooks(self) -> None:
+        super().init_hooks()
+        self.set_hook("show_in_pager", payloadpage.page, 99)  # type: ignore[no-untyped-call]
+
+    def ask_exit(self) -> None:
+        self.exit_now = True
+        self.payload_manager.write_payload({"source": "ask_exit", "keepkernel": self.keepkernel_on_exit})
+
+    keepkernel_on_exit = False
+
+    def set_next_input(self, text: str, replace: bool = False) -> None:
+        self.payload_manager.write_payload({"source": "set_next_input", "text": text, "replace": replace})
+
+    def enable_gui(self, gui: str | None = None) -> None:
+        if gui not in (None, "inline"):
+            log.warning("GUI event loop %r is not supported by trikernel", gui)
+
+    def _showtraceback(self, etype: type, evalue: BaseException, stb: list[str]) -> None:
+        self._last_traceback = stb
+        content = {"traceback": stb, "ename": str(etype.__name__), "evalue": str(evalue)}
+        self.publisher.send("error", content)
+
+
+InteractiveShellABC.register(TrikernelShell)
+
+
+def create_shell(publisher: Publisher) -> TrikernelShell:
+    shell = TrikernelShell.instance(publisher=publisher)
+    shell.displayhook.publisher = publisher
+    shell.display_pub.publisher = publisher
+    shell.autoawait = True
+    shell._last_traceback = None
+    return shell
+
+
+def _utcnow() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+class InputForwarder:
+    """Replaces input()/getpass() during a cell (stdin channel, spec "Messages on the stdin ROUTER/DEALER channel")."""
+
+    def __init__(self, request: Callable[[str, bool], str]):
+        self.request = request
+
+    def input(self, prompt: str = "") -> str:
+        return self.request(str(prompt), False)
+
+    def getpass(self, prompt: str = "Password: ", stream: Any = None) -> str:
+        return self.request(str(prompt), True)
+
+
+def _no_stdin(*args: Any, **kw: Any) -> str:
+    raise StdinNotImplementedError("input was called, but this frontend does not support input requests.")
+
+
+async def execute(
+    shell: TrikernelShell,
+    content: dict[str, Any],
+    request_input: Callable[[str, bool], str],
+) -> dict[str, Any]:
+    """Run an execute_request's code; returns execute_reply content.
+
+    ``content``: the request content (code, silent, store_history,
+    user_expressions, allow_stdin). The caller publishes execute_input.
+    """
+    code = content.get("code", "")
+    silent = bool(content.get("silent", False))
+    store_history = bool(content.get("store_history", not silent))
+    user_expressions = content.get("user_expressions") or {}
+    allow_stdin = bool(content.get("allow_stdin", False))
+    if not isinstance(code, str):
+        code = str(code)
+
+    fwd = InputForwarder(request_input)
+    saved = builtins.input, getpass.getpass
+    builtins.input = fwd.input if allow_stdin else _no_stdin  # type: ignore[assignment]
+    getpass.getpass = fwd.getpass if allow_stdin else _no_stdin  # type: ignore[assignment]
+    shell._last_traceback = None
+    try:
+        preprocessing_exc_tuple = None
+        try:
+            transformed = shell.transform_cell(code)
+        except Exception:
+            transformed = code
+            preprocessing_exc_tuple = sys.exc_info()
+        try:
+            result = await shell.run_cell_async(
+                code,
+                store_history=store_history,
+                silent=silent,
+                transformed_cell=transformed,
+                preprocessing_exc_tuple=preprocessing_exc_tuple,
+            )
+        finally:
+            shell.events.trigger("post_execute")
+            if not silent:
+                shell.events.trigger("post_run_cell", shell.last_execution_result)
+    finally:
+        builtins.input, getpass.getpass = saved
+
+    reply: dict[str, Any] = {"execution_count": shell.execution_count - 1}
+    err = result.error_before_exec or result.error_in_exec
+    if result.success:
+        reply["status"] = "ok"
+    else:
+        reply["status"] = "error"
+        reply["traceback"] = shell._last_traceback or []
+        reply["ename"] = type(err).__name__ if err is not None else "UnknownError"
+        reply["evalue"] = str(err) if err is not None else ""
+    if reply["status"] == "ok":
+        reply["user_expressions"] = shell.user_expressions(user_expressions)
+    else:
+        reply["user_expressions"] = {}
+    reply["payload"] = shell.payload_manager.read_payload()
+    shell.payload_manager.clear_payload()
+    return reply
+
+
+def complete(shell: TrikernelShell, content: dict[str, Any]) -> dict[str, Any]:
+    from IPython.core.completer import provisionalcompleter, rectify_completions
+
+    code = content.get("code", "")
+    cursor_pos = content.get("cursor_pos")
+    if cursor_pos is None:
+        cursor_pos = len(code)
+    with provisionalcompleter():
+        raw = shell.Completer.completions(code, cursor_pos)
+        completions = list(rectify_completions(code, raw))
+    comps = [
+        {"start": c.start, "end": c.end, "text": c.text, "type": c.type, "signature": c.signature}
+        for c in completions
+    ]
+    if completions:
+        start, end = completions[0].start, completions[0].end
+    else:
+        start = end = cursor_pos
+    return {
+        "status": "ok",
+        "matches": [c.text for c in completions],
+        "cursor_start": start,
+        "cursor_end": end,
+        "metadata": {"_jupyter_types_experimental": comps},
+    }
+
+
+def inspect(shell: TrikernelShell, content: dict[str, Any]) -> dict[str, Any]:
+    code = content.get("code", "")
+    cursor_pos = content.get("cursor_pos", len(code))
+    detail = int(content.get("detail_level", 0))
+    name = token_at_cursor(code, cursor_pos)
+    reply: dict[str, Any] = {"status": "ok", "data": {}, "metadata": {}, "found": False}
+    try:
+        bundle = shell.object_inspect_mime(name, detail_level=detail)
+        if not shell.enable_html_pager:
+            bundle.pop("text/html", None)
+        reply["data"] = bundle
+        reply["found"] = True
+    except KeyError:
+        pass
+    return reply
+
+
+def is_complete(shell: TrikernelShell, content: dict[str, Any]) -> dict[str, Any]:
+    status, indent = shell.input_transformer_manager.check_complete(content.get("code", ""))
+    r: dict[str, Any] = {"status": status}
+    if status == "incomplete":
+        r["indent"] = " " * (indent or 0)
+    return r
+
+
+def history(shell: TrikernelShell, content: dict[str, Any]) -> dict[str, Any]:
+    hm = shell.history_manager
+    kind = content.get("hist_access_type", "tail")
+    raw = bool(content.get("raw", True))
+    output = bool(content.get("output", False))
+    if kind == "tail":
+        hist = hm.get_tail(int(content.get("n", 10)), raw=raw, output=output, include_latest=True)
+    elif kind == "range":
+        hist = hm.get_range(
+            int(content.get("session", 0)), int(content.get("start", 0)), content.get("stop"), raw=raw, output=output
+        )
+    elif kind == "search":
+        hist = hm.search(
+            content.get("pattern", "*"),
+            raw=raw,
+            output=output,
+            n=content.get("n"),
+            unique=bool(content.get("unique", False)),
+        )
+    else:
+        hist = []
+    return {"status": "ok", "history": [list(h) for h in hist]}

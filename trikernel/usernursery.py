@@ -1,0 +1,78 @@
+"""The user nursery: background trio tasks that outlive the cell that made them.
+
+Available as ``trikernel.nursery`` and as ``nursery`` in the user namespace.
+A task started with ``nursery.start_soon`` keeps running while later cells
+run and while the kernel is idle. Its output goes to the cell that started
+it (the parent header is a context variable, inherited at spawn). An
+exception in it is shown as an IOPub ``error`` parented to that cell and
+does not cancel the loop or the kernel. Shutdown cancels these tasks
+(``finally`` blocks run).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from . import outstream
+
+log = logging.getLogger("trikernel.usernursery")
+
+
+class UserNursery:
+    """A view of the kernel's user nursery that reports task errors."""
+
+    def __init__(self, nursery: trio.Nursery, kernel: Any):
+        self._nursery = nursery
+        self._kernel = kernel
+
+    @property
+    def cancel_scope(self) -> trio.CancelScope:
+        return self._nursery.cancel_scope
+
+    @property
+    def child_tasks(self) -> frozenset[trio.lowlevel.Task]:
+        return self._nursery.child_tasks
+
+    def _report(self, exc: BaseException) -> None:
+        shell = self._kernel.shell
+        try:
+            shell.showtraceback((type(exc), exc, exc.__traceback__))
+        except Exception:
+            log.exception("could not show a background task's error")
+
+    def _guard(self, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            except trio.Cancelled:
+                raise
+            except BaseException as exc:  # KeyboardInterrupt, errors: show, keep the loop alive
+                if isinstance(exc, BaseExceptionGroup):
+                    exc = exc
+                self._report(exc)
+                return None
+
+        guarded.__name__ = getattr(fn, "__name__", "task")
+        guarded.__qualname__ = getattr(fn, "__qualname__", "task")
+        return guarded
+
+    def start_soon(self, async_fn: Callable[..., Awaitable[Any]], *args: Any, name: object = None) -> None:
+        """Start ``async_fn(*args)`` in the background (trio.Nursery.start_soon)."""
+        self._nursery.start_soon(self._guard(async_fn), *args, name=name or async_fn)
+
+    async def start(self, async_fn: Callable[..., Awaitable[Any]], *args: Any, name: object = None) -> Any:
+        """Start and wait until it calls ``task_status.started()`` (trio.Nursery.start)."""
+        return await self._nursery.start(self._guard(async_fn), *args, name=name or async_fn)
+
+    def __repr__(self) -> str:
+        return f"<trikernel user nursery: {len(self._nursery.child_tasks)} tasks>"
+
+
+def current_parent() -> dict[str, Any] | None:
+    return outstream.current_parent.get()
+
+
