@@ -294,6 +294,8 @@ class IOPubPublisher:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.queue.attach()
         async with trio.open_nursery() as nursery:
+            # welcome subscribers that connected before we started, first
+            self._handle_subscriptions()
             nursery.start_soon(self._watch_subscriptions)
             task_status.started()
             while True:

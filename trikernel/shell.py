@@ -25,7 +25,7 @@ from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import StdinNotImplementedError
 from IPython.core.interactiveshell import InteractiveShell, InteractiveShellABC
-from IPython.core import payloadpage
+from IPython.core import page, payloadpage
 from IPython.utils.tokenutil import token_at_cursor
 from traitlets import Any as TAny
 from traitlets import Instance, Type
@@ -124,7 +124,7 @@ class TrikernelShell(InteractiveShell):
 
     def init_hooks(self) -> None:
         super().init_hooks()
-        self.set_hook("show_in_pager", payloadpage.page, 99)  # type: ignore[no-untyped-call]
+        self.set_hook("show_in_pager", page.as_hook(payloadpage.page), 99)
 
     def ask_exit(self) -> None:
         self.exit_now = True
@@ -314,4 +314,7 @@ def history(shell: TrikernelShell, content: dict[str, Any]) -> dict[str, Any]:
         )
     else:
         hist = []
-    return {"status": "ok", "history": [list(h) for h in hist]}
+    # IPython reports the current session as 0 in ranges; give the real
+    # number, as tail and search do, so clients can correlate entries.
+    current = hm.session_number
+    return {"status": "ok", "history": [[h[0] or current, *h[1:]] for h in hist]}

@@ -1,0 +1,136 @@
+"""Shared fixtures: real kernels in subprocesses, real jupyter_client clients.
+
+Every message a client fixture receives is validated against
+jupyter_kernel_test's message schemas (msgspec_v5), so a test that reads a
+message also checks its shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.manager import KernelManager
+from jupyter_kernel_test.msgspec_v5 import validate_message
+
+TIMEOUT = 30
+
+
+class ValidatingClient(BlockingKernelClient):
+    """A BlockingKernelClient that schema-validates every message it reads."""
+
+    def _check(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if msg["msg_type"] not in ("iopub_welcome",):
+            validate_message(msg, msg["msg_type"])
+        return msg
+
+    def get_shell_msg(self, *a: Any, **kw: Any) -> dict[str, Any]:  # type: ignore[override]
+        return self._check(super().get_shell_msg(*a, **kw))
+
+    def get_iopub_msg(self, *a: Any, **kw: Any) -> dict[str, Any]:  # type: ignore[override]
+        return self._check(super().get_iopub_msg(*a, **kw))
+
+    def get_control_msg(self, *a: Any, **kw: Any) -> dict[str, Any]:  # type: ignore[override]
+        return self._check(super().get_control_msg(*a, **kw))
+
+    def get_stdin_msg(self, *a: Any, **kw: Any) -> dict[str, Any]:  # type: ignore[override]
+        return self._check(super().get_stdin_msg(*a, **kw))
+
+
+def make_kernelspec(root: str, name: str, *, interrupt_mode: str = "signal", extra_argv: list[str] | None = None) -> str:
+    d = os.path.join(root, "kernels", name)
+    os.makedirs(d, exist_ok=True)
+    spec = {
+        "argv": [sys.executable, "-m", "trikernel", "-f", "{connection_file}", *(extra_argv or [])],
+        "display_name": name,
+        "language": "python",
+        "interrupt_mode": interrupt_mode,
+        "kernel_protocol_version": "5.5",
+        "metadata": {"supported_encryption": ["curve"]},
+    }
+    with open(os.path.join(d, "kernel.json"), "w") as f:
+        json.dump(spec, f)
+    return d
+
+
+@pytest.fixture(scope="session")
+def jupyter_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A JUPYTER_PATH entry holding test kernelspecs (signal and message interrupt modes)."""
+    root = str(tmp_path_factory.mktemp("jupyter"))
+    make_kernelspec(root, "trikernel-test-signal", interrupt_mode="signal")
+    make_kernelspec(root, "trikernel-test-message", interrupt_mode="message")
+    old = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = root + (os.pathsep + old if old else "")
+    yield root
+    if old is None:
+        os.environ.pop("JUPYTER_PATH", None)
+    else:
+        os.environ["JUPYTER_PATH"] = old
+
+
+def start_kernel(kernel_name: str = "trikernel", **km_kwargs: Any) -> tuple[KernelManager, ValidatingClient]:
+    km = KernelManager(kernel_name=kernel_name, **km_kwargs)
+    km.client_class = "conftest.ValidatingClient"
+    km.client_factory = ValidatingClient
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=TIMEOUT)
+    except RuntimeError:
+        km.shutdown_kernel(now=True)
+        raise
+    return km, kc  # type: ignore[return-value]
+
+
+def stop_kernel(km: KernelManager, kc: BlockingKernelClient) -> None:
+    kc.stop_channels()
+    if km.is_alive():
+        km.shutdown_kernel(now=False)
+
+
+@pytest.fixture(scope="module")
+def kernel(jupyter_path: str) -> Iterator[tuple[KernelManager, ValidatingClient]]:
+    km, kc = start_kernel("trikernel-test-signal")
+    yield km, kc
+    stop_kernel(km, kc)
+
+
+def collect_outputs(kc: BlockingKernelClient, msg_id: str, timeout: float = TIMEOUT) -> list[dict[str, Any]]:
+    """IOPub messages parented to ``msg_id`` up to and including its idle status."""
+    out = []
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        out.append(msg)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return out
+
+
+def execute(kc: BlockingKernelClient, code: str, timeout: float = TIMEOUT, **kw: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Execute ``code``; returns (execute_reply, iopub messages of that request)."""
+    msg_id = kc.execute(code, **kw)
+    outputs = collect_outputs(kc, msg_id, timeout)
+    reply = kc.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=timeout)
+    return reply, outputs
+
+
+def stdout_of(outputs: list[dict[str, Any]], name: str = "stdout") -> str:
+    return "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == name)
+
+
+def which(cmd: str) -> str:
+    path = shutil.which(cmd, path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    assert path, f"{cmd} not found"
+    return path
