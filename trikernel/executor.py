@@ -71,6 +71,7 @@ class Executor:
         self.nursery: trio.Nursery | None = None
         self._send: trio.MemorySendChannel[Job | _Stop] | None = None
         self.busy = False
+        self._stopping = False
 
     # -- io side --------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -90,6 +91,7 @@ class Executor:
 
     def stop(self) -> None:
         """Ask the user run to cancel the user nursery and return (thread-safe)."""
+        self._stopping = True
         if self.token is None or self._send is None:
             return
         try:
@@ -104,7 +106,13 @@ class Executor:
         ``setup(nursery)`` runs first (IPython is loaded there); then
         ``on_ready()`` tells the io side that jobs may be submitted.
         """
-        trio.run(self._main, setup, on_ready)
+        try:
+            trio.run(self._main, setup, on_ready)
+        except KeyboardInterrupt:
+            # jupyter_client interrupts before it shuts a kernel down; an
+            # interrupt that lands while the user run winds down is harmless.
+            if not self._stopping:
+                raise
 
     async def _main(self, setup: Callable[[trio.Nursery], None], on_ready: Callable[[], None]) -> None:
         send, recv = trio.open_memory_channel[Job | _Stop](SEQ_BUFFER)

@@ -278,6 +278,7 @@ class IOPubPublisher:
         *,
         send_timeout: float,
         warn_after: float,
+        nodrop: bool = True,
     ):
         self.sock = sock
         self.queue = queue
@@ -286,6 +287,9 @@ class IOPubPublisher:
         self.send_timeout = send_timeout
         self.warn_after = warn_after
         self.stats = queue.stats
+        #: XPUB_NODROP as configured before bind (sockopts); if off, libzmq
+        #: drops for full subscribers itself and no send ever waits.
+        self.nodrop = nodrop
         self.degraded = False
         self._warn_wait = _RateLimitedWarning("wait")
         self._warn_drop = _RateLimitedWarning("drop")
@@ -302,6 +306,8 @@ class IOPubPublisher:
                 item = await self.queue.get()
                 if isinstance(item, _Close):
                     break
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("sending %s", item.name if isinstance(item, StreamBatch) else item[0])
                 try:
                     if isinstance(item, StreamBatch):
                         await self._send_stream(item)
@@ -371,13 +377,20 @@ class IOPubPublisher:
             self.stats.wait_seconds += waited
             self.stats.max_wait = max(self.stats.max_wait, waited)
 
-    def _send_lossy(self, frames: list[bytes]) -> None:
+    def _lossy(self, frames: list[bytes]) -> None:
+        """Send once with NODROP off (full subscribers skip it), then restore."""
         sock = self.sock
+        if not self.nodrop:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+            return
         sock.setsockopt(zmq.XPUB_NODROP, 0)
         try:
             sock.send_multipart(frames, zmq.NOBLOCK)
         finally:
             sock.setsockopt(zmq.XPUB_NODROP, 1)
+
+    def _send_lossy(self, frames: list[bytes]) -> None:
+        self._lossy(frames)
         self.stats.fallback_drops += 1
         self._warn_drop(
             "iopub: a subscriber stalled past the %.1fs send timeout; it loses messages "
@@ -407,9 +420,5 @@ class IOPubPublisher:
                 "iopub_welcome", {"subscription": topic.decode("utf-8", "replace")}, None, identities=(topic,)
             )
             # A welcome goes out lossy: the new subscriber's pipe is empty, so it gets it.
-            sock.setsockopt(zmq.XPUB_NODROP, 0)
-            try:
-                sock.send_multipart(serialize(msg, self.signer), zmq.NOBLOCK)
-            finally:
-                sock.setsockopt(zmq.XPUB_NODROP, 1)
+            self._lossy(serialize(msg, self.signer))
             self.stats.welcomes += 1

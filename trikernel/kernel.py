@@ -26,12 +26,9 @@ import os
 import signal
 import threading
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
 from typing import Any
 
 import trio
-import zmq
-import zmq_anyio
 
 from . import comms as comms_mod
 from . import outstream
@@ -42,7 +39,7 @@ from .executor import Executor, Job
 from .heartbeat import Heartbeat
 from .iopub import IOPubPublisher, IOPubQueue, IOPubStats
 from .messages import Session, kernel_info_content
-from .sockets import BoundSockets
+from .sockets import BoundSockets, TrioSocket
 from .wire import Message, Signer, deserialize, serialize
 
 log = logging.getLogger("trikernel.kernel")
@@ -73,8 +70,9 @@ class _InputSlot:
 class Kernel:
     """One kernel process. Create after binding; call :meth:`run` on the main thread."""
 
-    def __init__(self, conn: ConnectionInfo, config: KernelConfig, bound: BoundSockets):
+    def __init__(self, conn: ConnectionInfo, config: KernelConfig, bound: BoundSockets, *, iopub_nodrop: bool = True):
         self.conn = conn
+        self.iopub_nodrop = iopub_nodrop
         self.config = config
         self.bound = bound
         self.session = Session()
@@ -91,7 +89,7 @@ class Kernel:
         self._io_nursery: trio.Nursery | None = None
         self._user_ready: trio.Event | None = None
         self._shutdown: trio.Event | None = None
-        self._asock: dict[str, zmq_anyio.Socket] = {}
+        self._asock: dict[str, TrioSocket] = {}
         self._pending_input: _InputSlot | None = None
         self._abort_until_empty = False
 
@@ -109,7 +107,9 @@ class Kernel:
         finally:
             io.join(self.config.shutdown_grace + FLUSH_TIMEOUT + 2)
             log.info("iopub stats at exit: %s", self.stats.as_dict())
-            self.bound.context.destroy(linger=0)
+            # sockets close with their configured LINGER (flush, bounded)
+            self.bound.close()
+            self.bound.context.term()
             self.bound.hb_context.term()
         return self.exit_code
 
@@ -171,24 +171,23 @@ class Kernel:
             self.signer,
             send_timeout=self.config.iopub_send_timeout,
             warn_after=self.config.iopub_warn_after,
+            nodrop=self.iopub_nodrop,
         )
         async with trio.open_nursery() as outer:
             await outer.start(publisher.run)
             await self.iopub_queue.aput(self.session.status("starting", None), self.signer)
-            async with AsyncExitStack() as stack:
-                for name in ("shell", "control", "stdin"):
-                    s = zmq_anyio.Socket(self.bound.sockets[name])
-                    self._asock[name] = await stack.enter_async_context(s)
-                async with trio.open_nursery() as inner:
-                    self._io_nursery = inner
-                    await inner.start(self._control_task)
-                    await inner.start(self._shell_task)
-                    await inner.start(self._stdin_task)
-                    inner.start_soon(self._watch_parent)
-                    self._io_ready.set()
-                    await self._shutdown.wait()
-                    await self._stop_user_run()
-                    inner.cancel_scope.cancel()
+            for name in ("shell", "control", "stdin"):
+                self._asock[name] = TrioSocket(self.bound.sockets[name], name)
+            async with trio.open_nursery() as inner:
+                self._io_nursery = inner
+                await inner.start(self._control_task)
+                await inner.start(self._shell_task)
+                await inner.start(self._stdin_task)
+                inner.start_soon(self._watch_parent)
+                self._io_ready.set()
+                await self._shutdown.wait()
+                await self._stop_user_run()
+                inner.cancel_scope.cancel()
             self.iopub_queue.close()
             outer.cancel_scope.deadline = trio.current_time() + FLUSH_TIMEOUT
 
@@ -227,13 +226,16 @@ class Kernel:
     # ------------------------------------------------------------- helpers
     def _parse(self, channel: str, frames: list[bytes]) -> Message | None:
         try:
-            return deserialize(frames, self.signer)
+            msg = deserialize(frames, self.signer)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s: received %s %s", channel, msg.msg_type, msg.msg_id)
+            return msg
         except ProtocolError as exc:
             log.warning("%s: dropped a bad message: %s", channel, exc)
             return None
 
     async def _send(self, channel: str, msg: Message) -> None:
-        await self._asock[channel].asend_multipart(serialize(msg, self.signer))
+        self._asock[channel].send_multipart(serialize(msg, self.signer))
 
     async def _status(self, state: str, parent: Message) -> None:
         await self.iopub_queue.aput(self.session.status(state, parent), self.signer)
@@ -271,7 +273,7 @@ class Kernel:
         sock = self._asock["control"]
         task_status.started()
         while True:
-            frames = await sock.arecv_multipart()
+            frames = await sock.recv_multipart()
             msg = self._parse("control", frames)
             if msg is None:
                 continue
@@ -306,7 +308,7 @@ class Kernel:
             nursery.start_soon(self._sequential_pump, recv)
             task_status.started()
             while True:
-                frames = await sock.arecv_multipart()
+                frames = await sock.recv_multipart()
                 msg = self._parse("shell", frames)
                 if msg is None:
                     continue
@@ -314,8 +316,9 @@ class Kernel:
                 if t in SEQUENTIAL:
                     await send.send(msg)
                 elif t in CONCURRENT:
-                    await limiter.acquire_on_behalf_of(msg)
-                    nursery.start_soon(self._concurrent, msg, limiter)
+                    borrower = object()
+                    await limiter.acquire_on_behalf_of(borrower)
+                    nursery.start_soon(self._concurrent, msg, limiter, borrower)
                 elif t in ("kernel_info_request", "shutdown_request", "interrupt_request"):
                     await self._handle_control_on("shell", msg)
                 else:
@@ -327,10 +330,9 @@ class Kernel:
         else:  # deprecated on shell, still honoured
             await self._handle_control(msg)
 
-    async def _concurrent(self, msg: Message, limiter: trio.CapacityLimiter) -> None:
+    async def _concurrent(self, msg: Message, limiter: trio.CapacityLimiter, borrower: object) -> None:
         try:
             await self._status("busy", msg)
-            manager = self.comm_manager
             if msg.msg_type == "comm_info_request":
                 target = msg.content.get("target_name")
                 content = await self._on_main(
@@ -344,10 +346,9 @@ class Kernel:
                     )
                 except Exception:
                     log.exception("comm handler failed for %s", msg.msg_type)
-            del manager
             await self._status("idle", msg)
         finally:
-            limiter.release_on_behalf_of(msg)
+            limiter.release_on_behalf_of(borrower)
 
     async def _sequential_pump(self, recv: trio.MemoryReceiveChannel[Message]) -> None:
         while True:
@@ -357,7 +358,12 @@ class Kernel:
                 await self._abort_queued(recv)
 
     async def _abort_queued(self, recv: trio.MemoryReceiveChannel[Message]) -> None:
-        """stop_on_error: answer every already-queued request with status aborted."""
+        """stop_on_error: answer every already-queued request without running it.
+
+        The reply is an ``error`` reply with ename ``ExecutionAborted`` (the
+        ``aborted`` status is deprecated since spec 5.1, which asks kernels
+        for an error reply); its metadata says ``status: aborted``.
+        """
         await trio.sleep(0)  # let the shell reader move what already arrived
         while True:
             try:
@@ -365,8 +371,16 @@ class Kernel:
             except trio.WouldBlock:
                 return
             await self._status("busy", msg)
-            md = {"status": "aborted", "engine": self.session.session}
-            await self._send("shell", self.session.reply(msg, {"status": "aborted"}, metadata=md))
+            md = {"status": "aborted", "engine": self.session.session, "dependencies_met": True}
+            content: dict[str, Any] = {
+                "status": "error",
+                "ename": "ExecutionAborted",
+                "evalue": "not run: an earlier request failed with stop_on_error set",
+                "traceback": [],
+            }
+            if msg.msg_type == "execute_request" and self.shell is not None:
+                content["execution_count"] = self.shell.execution_count
+            await self._send("shell", self.session.reply(msg, content, metadata=md))
             await self._status("idle", msg)
 
     async def _run_sequential(self, msg: Message) -> bool:
@@ -458,7 +472,7 @@ class Kernel:
         sock = self._asock["stdin"]
         task_status.started()
         while True:
-            frames = await sock.arecv_multipart()
+            frames = await sock.recv_multipart()
             msg = self._parse("stdin", frames)
             if msg is None:
                 continue

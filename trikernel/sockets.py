@@ -17,6 +17,7 @@ import errno
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
@@ -50,10 +51,18 @@ class BoundSockets:
     sockets: dict[str, zmq.Socket]
     ports: dict[str, int]  # {"shell_port": n, ...}
 
-    def close(self, linger: int | None = None) -> None:
-        for s in self.sockets.values():
-            if not s.closed:
+    def close(self, linger: int | None = None, *, hb: bool = False) -> None:
+        """Close the sockets; hb only with ``hb=True`` (once its thread runs,
+        the thread closes it when hb_context terminates)."""
+        for name, s in self.sockets.items():
+            if (hb or name != "hb") and not s.closed:
                 s.close(linger=linger)
+
+    def destroy(self) -> None:
+        """Close everything at once (start-up failed; no thread owns a socket yet)."""
+        self.close(linger=0, hb=True)
+        self.context.term()
+        self.hb_context.term()
 
 
 def _apply_curve(sock: zmq.Socket, conn: ConnectionInfo) -> None:
@@ -115,3 +124,51 @@ def _bind_random_ipc(sock: zmq.Socket, conn: ConnectionInfo) -> int:
             sock.bind(f"ipc://{path}")
             return n
     raise BindError("no free ipc path")  # pragma: no cover
+
+
+class TrioSocket:
+    """Drive one ZeroMQ socket from tasks of one trio run.
+
+    ZeroMQ's ``ZMQ_FD`` is edge-triggered, and every send, recv or
+    ``getsockopt(EVENTS)`` may consume the edge that announced an incoming
+    message (zmq_getsockopt(3), "ZMQ_FD"). So: the one reader always tries a
+    non-blocking recv before it waits on the FD, and every send re-checks
+    ``EVENTS`` afterwards and wakes the reader if a message is pending.
+    (zmq-anyio 0.4.1 lost shell requests this way when a reply was sent
+    while its reader waited — reproduced in tests/test_kernel.py's
+    extra-subscriber test — so trikernel drives sockets itself.)
+
+    One task may call :meth:`recv_multipart` at a time; any task of the same
+    run may call :meth:`send_multipart`.
+    """
+
+    def __init__(self, sock: zmq.Socket, name: str):
+        self.sock = sock
+        self.name = name
+        self.fd = sock.getsockopt(zmq.FD)
+        self._waiter: Any = None  # the reader's trio.CancelScope while it waits
+
+    async def recv_multipart(self) -> list[bytes]:
+        import trio
+
+        while True:
+            try:
+                return self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+            with trio.CancelScope() as scope:
+                self._waiter = scope
+                try:
+                    await trio.lowlevel.wait_readable(self.fd)
+                finally:
+                    self._waiter = None
+
+    def send_multipart(self, frames: list[bytes]) -> None:
+        """Send without blocking; a ROUTER drops for a peer past its HWM."""
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("%s: peer not reading (HWM reached); a reply was dropped", self.name)
+        finally:
+            if self._waiter is not None and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._waiter.cancel()
