@@ -85,9 +85,9 @@ def _install(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"trikernel: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    # The effective values of --socket-option and --config are baked into
+    # argv; TRIKERNEL_SOCKET_OPTIONS is read when the kernel starts.
     extra = options.as_argv()
-    if args.config:
-        extra += ["--config", os.path.abspath(args.config)]
     prefix = sys.prefix if args.sys_prefix else args.prefix
     dest = kernelspec.install(
         user=args.user,
@@ -167,13 +167,12 @@ def _run(argv: list[str]) -> int:
             write_json_atomic(args.write_connection_file, conn.to_dict())
     except (HandshakeError, OSError) as exc:
         print(f"trikernel: start-up failed: {exc}", file=sys.stderr)
-        bound.close(linger=0)
-        bound.context.term()
-        bound.hb_context.term()
+        bound.destroy()
         return EXIT_RUNTIME
 
     from .kernel import Kernel
 
-    return Kernel(conn, config, bound).run()
+    nodrop = bool(dict(options.for_channel("iopub")).get("XPUB_NODROP", 1))
+    return Kernel(conn, config, bound, iopub_nodrop=nodrop).run()
 
 
