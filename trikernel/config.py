@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import ConfigError
+from .wire import Signer
 
 #: The five channels, in the order the spec lists their ports.
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
@@ -115,6 +116,7 @@ def parse_connection(d: Any, *, require_ports: bool = True) -> ConnectionInfo:
     ip = _field(d, "ip", str, "127.0.0.1") or "127.0.0.1"
     key = _field(d, "key", str)
     scheme = _field(d, "signature_scheme", str, "hmac-sha256")
+    Signer(b"", scheme)  # raises ConfigError naming signature_scheme
     curve_pub = d.get("curve_publickey")
     curve_sec = d.get("curve_secretkey")
     if (curve_pub is None) != (curve_sec is None):

@@ -1,0 +1,367 @@
+"""Tier 3: start-up modes, interrupts, restart, shutdown, launcher death, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import zmq
+from conftest import TIMEOUT, collect_outputs, execute, start_kernel, stop_kernel
+from jupyter_client.session import Session
+
+pytestmark = pytest.mark.timeout(120)
+
+INTERRUPT_DEADLINE = 1.0  # seconds, from the issue
+
+
+def _wait_reply(kc, msg_id, timeout=TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while True:
+        r = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if r["parent_header"].get("msg_id") == msg_id:
+            return r
+
+
+@pytest.fixture(scope="module", params=["trikernel-test-signal", "trikernel-test-message"])
+def any_mode_kernel(request, jupyter_path):
+    km, kc = start_kernel(request.param)
+    yield km, kc
+    stop_kernel(km, kc)
+
+
+CASES = {
+    "sleep": "import time\ntime.sleep(100)",
+    "busy-loop": "n = 0\nwhile True:\n    n += 1",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_interrupt_breaks_blocking_code(any_mode_kernel, case):
+    km, kc = any_mode_kernel
+    msg_id = kc.execute(CASES[case])
+    # wait until the cell really runs (execute_input is published by the running job)
+    while True:
+        m = kc.get_iopub_msg(timeout=TIMEOUT)
+        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "execute_input":
+            break
+    time.sleep(0.3)  # let it enter the blocking call; no event marks "now inside sleep()"
+    t0 = time.monotonic()
+    km.interrupt_kernel()
+    reply = _wait_reply(kc, msg_id)
+    elapsed = time.monotonic() - t0
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert elapsed < INTERRUPT_DEADLINE, elapsed
+    collect_outputs(kc, msg_id)
+    r, out = execute(kc, "1+1")
+    assert r["content"]["status"] == "ok"
+
+
+def test_interrupt_breaks_input(any_mode_kernel):
+    km, kc = any_mode_kernel
+    msg_id = kc.execute("input('waiting: ')", allow_stdin=True)
+    req = kc.get_stdin_msg(timeout=TIMEOUT)
+    assert req["msg_type"] == "input_request"
+    t0 = time.monotonic()
+    km.interrupt_kernel()
+    reply = _wait_reply(kc, msg_id)
+    assert time.monotonic() - t0 < INTERRUPT_DEADLINE
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    collect_outputs(kc, msg_id)
+    # a late input_reply for the interrupted request is dropped, not fed to the next cell
+    kc.input("too late")
+    r, out = execute(kc, "'next'")
+    assert r["content"]["status"] == "ok"
+    assert [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"] == ["'next'"]
+
+
+def test_interrupt_while_idle_is_harmless(any_mode_kernel):
+    km, kc = any_mode_kernel
+    km.interrupt_kernel()
+    time.sleep(0.2)  # the signal is asynchronous; nothing to wait on
+    r, out = execute(kc, "'still alive'")
+    assert r["content"]["status"] == "ok"
+
+
+def test_restart_then_execute(jupyter_path):
+    km, kc = start_kernel("trikernel-test-signal")
+    try:
+        execute(kc, "x = 1")
+        old_pid = km.provisioner.process.pid
+        km.restart_kernel(now=False)
+        kc.wait_for_ready(timeout=TIMEOUT)
+        assert km.provisioner.process.pid != old_pid
+        r, out = execute(kc, "'x' in dir()")
+        assert [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"] == ["False"]
+    finally:
+        stop_kernel(km, kc)
+
+
+def test_shutdown_request_exits_zero_and_echoes_restart(jupyter_path):
+    km, kc = start_kernel("trikernel-test-signal")
+    proc = km.provisioner.process
+    execute(kc, "print('pending output')")
+    msg = kc.session.msg("shutdown_request", {"restart": True})
+    kc.control_channel.send(msg)
+    reply = kc.get_control_msg(timeout=TIMEOUT)
+    assert reply["content"] == {"status": "ok", "restart": True}
+    assert proc.wait(timeout=15) == 0
+    kc.stop_channels()
+    km.cleanup_resources()
+
+
+# ---------------------------------------------------------------- raw process helpers
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _conn(tmp_path, **over):
+    ports = _free_ports(5)
+    d = {
+        "shell_port": ports[0],
+        "iopub_port": ports[1],
+        "stdin_port": ports[2],
+        "control_port": ports[3],
+        "hb_port": ports[4],
+        "ip": "127.0.0.1",
+        "transport": "tcp",
+        "key": uuid.uuid4().hex,
+        "signature_scheme": "hmac-sha256",
+        "kernel_name": "trikernel",
+    }
+    d.update(over)
+    path = tmp_path / "conn.json"
+    path.write_text(json.dumps(d))
+    return path, d
+
+
+def _spawn(path, *extra, **kw):
+    return subprocess.Popen(
+        [sys.executable, "-m", "trikernel", "-f", str(path), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def test_port_in_use_exits_at_once_naming_channel_and_port(tmp_path):
+    path, d = _conn(tmp_path)
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", d["control_port"]))
+    blocker.listen()
+    try:
+        t0 = time.monotonic()
+        p = _spawn(path)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 1
+        assert f"control channel to tcp://127.0.0.1:{d['control_port']}" in err
+        assert "address already in use" in err
+        assert time.monotonic() - t0 < 10
+    finally:
+        blocker.close()
+
+
+@pytest.mark.parametrize(
+    "mutate,field",
+    [
+        (lambda d: d.pop("key"), "'key'"),
+        (lambda d: d.update(shell_port="5555"), "'shell_port'"),
+        (lambda d: d.update(iopub_port=70000), "'iopub_port'"),
+        (lambda d: d.update(transport="udp"), "'transport'"),
+        (lambda d: d.update(signature_scheme="hmac-nope"), "signature_scheme"),
+        (lambda d: d.update(curve_publickey="x" * 40), "'curve_secretkey'"),
+    ],
+)
+def test_bad_connection_file_names_the_field(tmp_path, mutate, field):
+    path, d = _conn(tmp_path)
+    mutate(d)
+    path.write_text(json.dumps(d))
+    p = _spawn(path)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 2, err
+    assert field in err
+
+
+def test_unreadable_connection_file(tmp_path):
+    path = tmp_path / "conn.json"
+    path.write_text("{not json")
+    p = _spawn(path)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 2 and "not valid JSON" in err
+
+
+def _client_for(d):
+    from jupyter_client.blocking.client import BlockingKernelClient
+
+    kc = BlockingKernelClient()
+    kc.load_connection_info(d)
+    kc.start_channels()
+    kc.wait_for_ready(timeout=TIMEOUT)
+    return kc
+
+
+def test_zero_ports_are_bound_and_written_back(tmp_path):
+    path, d = _conn(tmp_path, shell_port=0, iopub_port=0, stdin_port=0, control_port=0, hb_port=0)
+    p = _spawn(path)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            written = json.loads(path.read_text())
+            if written["shell_port"]:
+                break
+            time.sleep(0.05)
+        assert all(written[f"{c}_port"] > 0 for c in ("shell", "iopub", "stdin", "control", "hb"))
+        assert written["key"] == d["key"]
+        assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+        kc = _client_for(written)
+        r, _ = execute(kc, "2+2")
+        assert r["content"]["status"] == "ok"
+        kc.shutdown()
+        kc.stop_channels()
+        assert p.wait(timeout=15) == 0
+    finally:
+        p.kill()
+        p.communicate()
+
+
+def test_exits_when_launcher_dies(tmp_path):
+    """JPY_PARENT_PID: the kernel exits when the process that launched it is gone."""
+    path, d = _conn(tmp_path)
+    pidfile = tmp_path / "kernel.pid"
+    launcher = (
+        "import os, subprocess, sys, time\n"
+        f"env = dict(os.environ, JPY_PARENT_PID=str(os.getpid()))\n"
+        f"p = subprocess.Popen([sys.executable, '-m', 'trikernel', '-f', {str(path)!r}], env=env)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(3)\n"
+        "os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", launcher], timeout=30, check=True)
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        try:  # reap if it is our grandchild's zombie (it is not ours; just poll)
+            time.sleep(0.1)
+        except KeyboardInterrupt:
+            raise
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("kernel kept running after its launcher died")
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _raw_dealer(ctx, d, channel):
+    s = ctx.socket(zmq.DEALER)
+    s.linger = 0
+    s.connect(f"tcp://127.0.0.1:{d[channel + '_port']}")
+    return s
+
+
+def test_bad_messages_are_dropped_and_kernel_keeps_serving(tmp_path):
+    path, d = _conn(tmp_path)
+    errlog = open(tmp_path / "stderr.log", "w+")
+    p = subprocess.Popen([sys.executable, "-m", "trikernel", "-f", str(path)], stderr=errlog, stdout=subprocess.DEVNULL)
+    ctx = zmq.Context()
+    try:
+        kc = _client_for(d)
+        session = Session(key=d["key"].encode())
+        good = session.msg("kernel_info_request")
+        parts = [session.pack(x) for x in (good["header"], {}, {}, {})]
+        sign = session.sign
+        bad_frames = {
+            "no delimiter": [b"hello", b"world"],
+            "too few frames": [b"<IDS|MSG>", sign(parts), parts[0]],
+            "bad json": [b"<IDS|MSG>", sign([b"{nope", *parts[1:]]), b"{nope", *parts[1:]],
+            "missing header fields": [
+                b"<IDS|MSG>",
+                sign([b'{"msg_id": "x"}', *parts[1:]]),
+                b'{"msg_id": "x"}',
+                *parts[1:],
+            ],
+            "bad signature": [b"<IDS|MSG>", b"0" * 64, *parts],
+            "missing signature": [b"<IDS|MSG>", b"", *parts],
+            "unknown msg_type": None,
+        }
+        unknown = session.msg("frobnicate_request")
+        up = [session.pack(x) for x in (unknown["header"], {}, {}, {})]
+        bad_frames["unknown msg_type"] = [b"<IDS|MSG>", sign(up), *up]
+        for channel in ("shell", "control", "stdin"):
+            s = _raw_dealer(ctx, d, channel)
+            for name, frames in bad_frames.items():
+                s.send_multipart(frames)
+            # replay of a valid, signed message is rejected too
+            valid = [b"<IDS|MSG>", sign(parts), *parts]
+            s.send_multipart(valid)
+            s.send_multipart(valid)
+            s.close()
+        # the kernel still answers on every channel
+        msg_id = kc.kernel_info()
+        r = kc.get_shell_msg(timeout=TIMEOUT)
+        assert r["parent_header"]["msg_id"] in (msg_id, good["header"]["msg_id"])
+        while r["parent_header"]["msg_id"] != msg_id:
+            r = kc.get_shell_msg(timeout=TIMEOUT)
+        assert r["content"]["status"] == "ok"
+        ctl = kc.session.msg("kernel_info_request")
+        kc.control_channel.send(ctl)
+        assert kc.get_control_msg(timeout=TIMEOUT)["content"]["status"] == "ok"
+        kc.shutdown()
+        kc.stop_channels()
+        assert p.wait(timeout=15) == 0
+        errlog.seek(0)
+        log = errlog.read()
+        for needle in ("no <IDS|MSG> delimiter", "bad message signature", "not valid JSON", "replayed", "unsigned", "unknown message type 'frobnicate_request'", "header field 'msg_type'"):
+            assert needle in log, needle
+        assert d["key"] not in log  # no secrets in the log
+    finally:
+        if p.poll() is None:
+            p.kill()
+        ctx.term()
+        errlog.close()
+
+
+def test_install_writes_kernelspec(tmp_path):
+    prefix = tmp_path / "prefix"
+    r = subprocess.run(
+        [sys.executable, "-m", "trikernel", "install", "--prefix", str(prefix), "--name", "tk-x", "--display-name", "TK X"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    spec = json.loads((prefix / "share/jupyter/kernels/tk-x/kernel.json").read_text())
+    assert spec["argv"][:3] == [sys.executable, "-m", "trikernel"] and "{connection_file}" in spec["argv"]
+    assert spec["display_name"] == "TK X"
+    assert spec["metadata"]["supported_encryption"] == ["curve"]
+    assert spec["interrupt_mode"] == "signal"
+
+
+def test_pip_installed_kernelspec_is_listed():
+    """`pip install .` ships kernel.json as wheel shared data (like ipykernel)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    specs = KernelSpecManager().find_kernel_specs()
+    assert "trikernel" in specs
+    spec = json.loads(open(os.path.join(specs["trikernel"], "kernel.json")).read())
+    assert spec["argv"][1:3] == ["-m", "trikernel"]

@@ -1,0 +1,60 @@
+"""nbclient (`jupyter execute`) runs the README's tour notebook on trikernel,
+classically and through the JEP 66 provisioner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from conftest import which
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOUR = os.path.join(ROOT, "examples", "tour.ipynb")
+
+
+def _run(kernel_name: str, out: str, env: dict[str, str] | None = None) -> nbformat.NotebookNode:
+    r = subprocess.run(
+        [which("jupyter"), "execute", f"--kernel_name={kernel_name}", TOUR, "--output", out],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return nbformat.read(out, as_version=4)
+
+
+def _check(nb: nbformat.NotebookNode) -> None:
+    texts = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for o in cell.outputs:
+            if o.output_type == "error":
+                assert "raises-exception" in cell.metadata.get("tags", []), cell.source
+            texts.append(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")))
+    joined = "\n".join(texts)
+    for needle in ("hello from trikernel", "caught: ZeroDivisionError", "awaited without any magic", "ROUND TRIP THROUGH TRIO", "[0, 1, 2]"):
+        assert needle in joined, needle
+
+
+def test_tour_runs_with_jupyter_execute(tmp_path):
+    _check(_run("trikernel", str(tmp_path / "out.ipynb")))
+
+
+def test_tour_runs_through_the_handshake_provisioner(tmp_path):
+    prefix = tmp_path / "prefix"
+    r = subprocess.run(
+        [sys.executable, "-m", "trikernel", "install", "--prefix", str(prefix), "--name", "trikernel-hs", "--handshake"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    env = dict(os.environ, JUPYTER_PATH=str(prefix / "share" / "jupyter"))
+    _check(_run("trikernel-hs", str(tmp_path / "out.ipynb"), env=env))
