@@ -274,7 +274,7 @@ def test_exits_when_launcher_dies(tmp_path):
 
 def _raw_dealer(ctx, d, channel):
     s = ctx.socket(zmq.DEALER)
-    s.linger = 0
+    s.linger = 5000  # close() must deliver what we sent, not discard it
     s.connect(f"tcp://127.0.0.1:{d[channel + '_port']}")
     return s
 

@@ -31,23 +31,56 @@ def _run_parser() -> argparse.ArgumentParser:
     from . import sockopts
 
     p = argparse.ArgumentParser(prog="python -m trikernel", description="trikernel: a Jupyter kernel on trio")
-    p.add_argument("-f", "--connection-file", dest="connection_file", required=True, help="connection or registration file")
-    p.add_argument("--log-level", default=os.environ.get("TRIKERNEL_LOG_LEVEL", "WARNING"),
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="kernel log level (stderr)")
-    p.add_argument("--iopub-capacity", type=int, default=_DEFAULTS.iopub_capacity,
-                   help="IOPub queue size in messages before producers block (default %(default)s)")
-    p.add_argument("--iopub-send-timeout", type=float, default=_DEFAULTS.iopub_send_timeout,
-                   help="seconds a full subscriber is waited for before it loses a message (default %(default)s)")
-    p.add_argument("--iopub-warn-after", type=float, default=_DEFAULTS.iopub_warn_after,
-                   help="seconds of waiting before a warning is logged (default %(default)s)")
-    p.add_argument("--stream-batch-bytes", type=int, default=_DEFAULTS.stream_batch_bytes,
-                   help="largest coalesced stream message (default %(default)s)")
-    p.add_argument("--handshake-timeout", type=float, default=_DEFAULTS.handshake_timeout,
-                   help="seconds to wait for the JEP 66 acknowledgement (default %(default)s)")
-    p.add_argument("--shutdown-grace", type=float, default=_DEFAULTS.shutdown_grace,
-                   help="seconds user code gets to stop at shutdown (default %(default)s)")
-    p.add_argument("--write-connection-file", metavar="PATH",
-                   help="after start-up (and the handshake), write a connection file here")
+    p.add_argument(
+        "-f", "--connection-file", dest="connection_file", required=True, help="connection or registration file"
+    )
+    p.add_argument(
+        "--log-level",
+        default=os.environ.get("TRIKERNEL_LOG_LEVEL", "WARNING"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="kernel log level (stderr)",
+    )
+    p.add_argument(
+        "--iopub-capacity",
+        type=int,
+        default=_DEFAULTS.iopub_capacity,
+        help="IOPub queue size in messages before producers block (default %(default)s)",
+    )
+    p.add_argument(
+        "--iopub-send-timeout",
+        type=float,
+        default=_DEFAULTS.iopub_send_timeout,
+        help="seconds a full subscriber is waited for before it loses a message (default %(default)s)",
+    )
+    p.add_argument(
+        "--iopub-warn-after",
+        type=float,
+        default=_DEFAULTS.iopub_warn_after,
+        help="seconds of waiting before a warning is logged (default %(default)s)",
+    )
+    p.add_argument(
+        "--stream-batch-bytes",
+        type=int,
+        default=_DEFAULTS.stream_batch_bytes,
+        help="largest coalesced stream message (default %(default)s)",
+    )
+    p.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=_DEFAULTS.handshake_timeout,
+        help="seconds to wait for the JEP 66 acknowledgement (default %(default)s)",
+    )
+    p.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=_DEFAULTS.shutdown_grace,
+        help="seconds user code gets to stop at shutdown (default %(default)s)",
+    )
+    p.add_argument(
+        "--write-connection-file",
+        metavar="PATH",
+        help="after start-up (and the handshake), write a connection file here",
+    )
     sockopts.add_arguments(p)
     return p
 
@@ -63,8 +96,11 @@ def _install_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="trikernel", help="kernelspec name (default %(default)s)")
     p.add_argument("--display-name", default=None, help="display name")
     p.add_argument("--interrupt-mode", choices=["signal", "message"], default="signal")
-    p.add_argument("--handshake", action="store_true",
-                   help="select the trikernel-handshake provisioner in the kernelspec (JEP 66 start-up)")
+    p.add_argument(
+        "--handshake",
+        action="store_true",
+        help="select the trikernel-handshake provisioner in the kernelspec (JEP 66 start-up)",
+    )
     sockopts.add_arguments(p)
     return p
 
@@ -128,7 +164,11 @@ def _run(argv: list[str]) -> int:
         if handshake.is_registration_file(raw):
             registration = handshake.parse_registration(raw)
             conn = parse_connection(
-                {**raw, "ip": handshake.bind_ip(raw), **{k: 0 for k in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")}},
+                {
+                    **raw,
+                    "ip": handshake.bind_ip(raw),
+                    **{k: 0 for k in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")},
+                },
                 require_ports=False,
             )
         else:
@@ -159,8 +199,9 @@ def _run(argv: list[str]) -> int:
         if registration is not None:
             from .wire import Signer
 
-            handshake.register(registration, bound.ports, Signer(conn.key, conn.signature_scheme),
-                               timeout=config.handshake_timeout)
+            handshake.register(
+                registration, bound.ports, Signer(conn.key, conn.signature_scheme), timeout=config.handshake_timeout
+            )
         elif not all(p > 0 for p in (raw.get(k, 0) for k in bound.ports)):
             write_json_atomic(args.connection_file, {**raw, **bound.ports})
         if args.write_connection_file:
@@ -174,5 +215,3 @@ def _run(argv: list[str]) -> int:
 
     nodrop = bool(dict(options.for_channel("iopub")).get("XPUB_NODROP", 1))
     return Kernel(conn, config, bound, iopub_nodrop=nodrop).run()
-
-

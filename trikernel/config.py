@@ -60,7 +60,8 @@ class ConnectionInfo:
         return self.curve_secretkey is not None
 
     def with_ports(self, ports: dict[str, int]) -> ConnectionInfo:
-        return replace(self, **{k: int(v) for k, v in ports.items() if k in PORT_FIELDS})
+        changes: dict[str, Any] = {k: int(v) for k, v in ports.items() if k in PORT_FIELDS}
+        return replace(self, **changes)
 
     def url(self, channel: str, port: int | None = None) -> str:
         p = self.port(channel) if port is None else port

@@ -33,7 +33,7 @@ SEQ_BUFFER = 4
 class Job:
     """A unit of work for the user run; completion is a trio.Event in the io run."""
 
-    __slots__ = ("fn", "result", "error", "done", "_io_token")
+    __slots__ = ("_io_token", "done", "error", "fn", "result")
 
     def __init__(self, fn: Callable[[], Awaitable[Any]]):
         self.fn = fn
@@ -143,5 +143,3 @@ class Executor:
             except KeyboardInterrupt:
                 # an interrupt while idle (or between jobs) does nothing harmful
                 log.info("interrupt while idle: ignored")
-
-

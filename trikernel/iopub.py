@@ -339,7 +339,7 @@ class IOPubPublisher:
             await self._send_waiting(frames)
         self.stats.sent += 1
         # Our send may have consumed the FD's edge for a pending subscription.
-        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self._handle_subscriptions()
 
     async def _send_waiting(self, frames: list[bytes]) -> None:
@@ -400,7 +400,7 @@ class IOPubPublisher:
         )
 
     async def _watch_subscriptions(self) -> None:
-        fd = self.sock.getsockopt(zmq.FD)
+        fd = int(self.sock.getsockopt(zmq.FD))
         while True:
             self._handle_subscriptions()
             await trio.lowlevel.wait_readable(fd)

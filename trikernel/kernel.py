@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
+import trio.lowlevel
 
 from . import comms as comms_mod
 from . import outstream
@@ -59,7 +60,7 @@ FLUSH_TIMEOUT = 5.0
 
 
 class _InputSlot:
-    __slots__ = ("event", "value", "msg_id")
+    __slots__ = ("event", "msg_id", "value")
 
     def __init__(self) -> None:
         self.event = threading.Event()
@@ -264,6 +265,11 @@ class Kernel:
 
         return run
 
+    def _loaded_shell(self) -> shell_mod.TrikernelShell:
+        """The IPython shell; jobs run only after it is loaded (_on_main waits)."""
+        assert self.shell is not None
+        return self.shell
+
     def interrupt(self) -> None:
         """Deliver SIGINT to the main thread, where user code runs."""
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
@@ -364,7 +370,7 @@ class Kernel:
         ``aborted`` status is deprecated since spec 5.1, which asks kernels
         for an error reply); its metadata says ``status: aborted``.
         """
-        await trio.sleep(0)  # let the shell reader move what already arrived
+        await trio.lowlevel.checkpoint()  # let the shell reader move what already arrived
         while True:
             try:
                 msg = recv.receive_nowait()
@@ -411,7 +417,7 @@ class Kernel:
                     "is_complete_request": shell_mod.is_complete,
                     "history_request": shell_mod.history,
                 }[t]
-                content = await self._on_main(self._with_parent(msg, lambda: fn(self.shell, msg.content)))
+                content = await self._on_main(self._with_parent(msg, lambda: fn(self._loaded_shell(), msg.content)))
         except Exception as exc:
             log.exception("%s failed", t)
             content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}

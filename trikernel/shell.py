@@ -17,15 +17,15 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
+from IPython.core import page, payloadpage
 from IPython.core.autocall import ZMQExitAutocall
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import StdinNotImplementedError
 from IPython.core.interactiveshell import InteractiveShell, InteractiveShellABC
-from IPython.core import page, payloadpage
 from IPython.utils.tokenutil import token_at_cursor
 from traitlets import Any as TAny
 from traitlets import Instance, Type
@@ -128,12 +128,19 @@ class TrikernelShell(InteractiveShell):
 
     def ask_exit(self) -> None:
         self.exit_now = True
-        self.payload_manager.write_payload({"source": "ask_exit", "keepkernel": self.keepkernel_on_exit})
+        self._payloads().write_payload({"source": "ask_exit", "keepkernel": self.keepkernel_on_exit})
 
     keepkernel_on_exit = False
+    #: the trikernel Kernel (ipywidgets and friends look for ``shell.kernel``)
+    kernel: Any = None
+
+    def _payloads(self) -> Any:
+        pm = self.payload_manager
+        assert pm is not None, "IPython shell without a payload manager"
+        return pm
 
     def set_next_input(self, text: str, replace: bool = False) -> None:
-        self.payload_manager.write_payload({"source": "set_next_input", "text": text, "replace": replace})
+        self._payloads().write_payload({"source": "set_next_input", "text": text, "replace": replace})
 
     def enable_gui(self, gui: str | None = None) -> None:
         if gui not in (None, "inline"):
@@ -153,12 +160,12 @@ def create_shell(publisher: Publisher) -> TrikernelShell:
     shell.displayhook.publisher = publisher
     shell.display_pub.publisher = publisher
     shell.autoawait = True
-    shell._last_traceback = None
+    shell._last_traceback = []
     return shell
 
 
 def _utcnow() -> str:
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 class InputForwarder:
@@ -200,12 +207,12 @@ async def execute(
     saved = builtins.input, getpass.getpass
     builtins.input = fwd.input if allow_stdin else _no_stdin  # type: ignore[assignment]
     getpass.getpass = fwd.getpass if allow_stdin else _no_stdin  # type: ignore[assignment]
-    shell._last_traceback = None
+    shell._last_traceback = []
     try:
         preprocessing_exc_tuple = None
         try:
             transformed = shell.transform_cell(code)
-        except Exception:
+        except Exception:  # noqa: BLE001 - as IPython's run_cell: shown by run_cell_async
             transformed = code
             preprocessing_exc_tuple = sys.exc_info()
         try:
@@ -236,8 +243,9 @@ async def execute(
         reply["user_expressions"] = shell.user_expressions(user_expressions)
     else:
         reply["user_expressions"] = {}
-    reply["payload"] = shell.payload_manager.read_payload()
-    shell.payload_manager.clear_payload()
+    payloads = shell._payloads()
+    reply["payload"] = payloads.read_payload()
+    payloads.clear_payload()
     return reply
 
 
@@ -252,8 +260,7 @@ def complete(shell: TrikernelShell, content: dict[str, Any]) -> dict[str, Any]:
         raw = shell.Completer.completions(code, cursor_pos)
         completions = list(rectify_completions(code, raw))
     comps = [
-        {"start": c.start, "end": c.end, "text": c.text, "type": c.type, "signature": c.signature}
-        for c in completions
+        {"start": c.start, "end": c.end, "text": c.text, "type": c.type, "signature": c.signature} for c in completions
     ]
     if completions:
         start, end = completions[0].start, completions[0].end
@@ -295,6 +302,7 @@ def is_complete(shell: TrikernelShell, content: dict[str, Any]) -> dict[str, Any
 
 def history(shell: TrikernelShell, content: dict[str, Any]) -> dict[str, Any]:
     hm = shell.history_manager
+    assert hm is not None, "IPython shell without a history manager"
     kind = content.get("hist_access_type", "tail")
     raw = bool(content.get("raw", True))
     output = bool(content.get("output", False))

@@ -145,7 +145,7 @@ class TrioSocket:
     def __init__(self, sock: zmq.Socket, name: str):
         self.sock = sock
         self.name = name
-        self.fd = sock.getsockopt(zmq.FD)
+        self.fd = int(sock.getsockopt(zmq.FD))
         self._waiter: Any = None  # the reader's trio.CancelScope while it waits
 
     async def recv_multipart(self) -> list[bytes]:
@@ -170,5 +170,5 @@ class TrioSocket:
         except zmq.Again:
             log.warning("%s: peer not reading (HWM reached); a reply was dropped", self.name)
         finally:
-            if self._waiter is not None and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if self._waiter is not None and int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 self._waiter.cancel()

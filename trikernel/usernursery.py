@@ -50,9 +50,7 @@ class UserNursery:
                 return await fn(*args, **kwargs)
             except trio.Cancelled:
                 raise
-            except BaseException as exc:  # KeyboardInterrupt, errors: show, keep the loop alive
-                if isinstance(exc, BaseExceptionGroup):
-                    exc = exc
+            except BaseException as exc:  # noqa: BLE001 - any failure of a user task is shown, never kills the loop
                 self._report(exc)
                 return None
 
@@ -74,5 +72,3 @@ class UserNursery:
 
 def current_parent() -> dict[str, Any] | None:
     return outstream.current_parent.get()
-
-

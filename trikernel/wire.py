@@ -24,7 +24,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .errors import ConfigError, ProtocolError
@@ -75,7 +75,7 @@ def loads(data: bytes) -> Any:
 
 def utcnow_iso() -> str:
     """Current time as the ISO 8601 string the spec's header ``date`` uses."""
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 def new_header(msg_type: str, session: str, username: str = "kernel") -> dict[str, Any]:
