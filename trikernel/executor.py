@@ -57,6 +57,12 @@ class Job:
             self._io_token.run_sync_soon(self.done.set)
 
 
+@trio.lowlevel.enable_ki_protection
+async def _run_protected(job: Job) -> None:
+    """A concurrent job (comm handler): SIGINT goes to the main task, not here."""
+    await job.run()
+
+
 class _Stop:
     pass
 
@@ -85,7 +91,7 @@ class Executor:
 
         def start() -> None:
             assert self.nursery is not None
-            self.nursery.start_soon(job.run)
+            self.nursery.start_soon(_run_protected, job)
 
         self.token.run_sync_soon(start)
 

@@ -16,6 +16,7 @@ import getpass
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -146,6 +147,26 @@ class TrikernelShell(InteractiveShell):
         if gui not in (None, "inline"):
             log.warning("GUI event loop %r is not supported by trikernel", gui)
 
+    def showtraceback(  # type: ignore[override]
+        self,
+        exc_tuple: Any = None,
+        filename: str | None = None,
+        tb_offset: int | None = None,
+        exception_only: bool = False,
+        running_compiled_code: bool = False,
+    ) -> None:
+        """As IPython's, but exception groups (trio nurseries) become an
+        ``error`` output too; IPython prints them to stderr instead."""
+        try:
+            etype, value, tb = self._get_exc_info(exc_tuple)
+        except ValueError:
+            return super().showtraceback(exc_tuple, filename, tb_offset, exception_only, running_compiled_code)
+        if isinstance(value, BaseExceptionGroup) and not exception_only:
+            text = "".join(traceback.format_exception(etype, value, tb))
+            self._showtraceback(etype, value, text.rstrip("\n").split("\n"))
+            return None
+        return super().showtraceback(exc_tuple, filename, tb_offset, exception_only, running_compiled_code)
+
     def _showtraceback(self, etype: type, evalue: BaseException, stb: list[str]) -> None:
         self._last_traceback = stb
         content = {"traceback": stb, "ename": str(etype.__name__), "evalue": str(evalue)}
@@ -237,7 +258,7 @@ async def execute(
     else:
         reply["status"] = "error"
         reply["traceback"] = shell._last_traceback or []
-        reply["ename"] = type(err).__name__ if err is not None else "UnknownError"
+        reply["ename"] = _ename(err)
         reply["evalue"] = str(err) if err is not None else ""
     if reply["status"] == "ok":
         reply["user_expressions"] = shell.user_expressions(user_expressions)
@@ -247,6 +268,18 @@ async def execute(
     reply["payload"] = payloads.read_payload()
     payloads.clear_payload()
     return reply
+
+
+def _ename(err: BaseException | None) -> str:
+    """The reply's ename; a group of only KeyboardInterrupts (an interrupted
+    nursery in the cell) is reported as KeyboardInterrupt."""
+    if err is None:
+        return "UnknownError"
+    if isinstance(err, BaseExceptionGroup):
+        rest = err.split(KeyboardInterrupt)[1]
+        if rest is None:
+            return "KeyboardInterrupt"
+    return type(err).__name__
 
 
 def complete(shell: TrikernelShell, content: dict[str, Any]) -> dict[str, Any]:

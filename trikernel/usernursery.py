@@ -39,18 +39,37 @@ class UserNursery:
 
     def _report(self, exc: BaseException) -> None:
         shell = self._kernel.shell
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next  # hide our own wrapper's frame
         try:
-            shell.showtraceback((type(exc), exc, exc.__traceback__))
+            shell.showtraceback((type(exc), exc, tb))
         except Exception:
             log.exception("could not show a background task's error")
 
-    def _guard(self, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        async def guarded(*args: Any, **kwargs: Any) -> Any:
+    def _guard(self, fn: Callable[..., Awaitable[Any]], *, raise_before_started: bool = False) -> Callable[..., Awaitable[Any]]:
+        """Wrap a user task: errors are shown, never propagate into the loop.
+
+        KeyboardInterrupt protection: trio raises a SIGINT straight into the
+        running frame unless it is protected; protected, it is delivered to
+        the main task, where the cell runs. So an interrupt reaches the cell,
+        not whichever background task happened to be running.
+        With ``raise_before_started`` (for ``start``) an error before
+        ``task_status.started()`` goes to the awaiting caller, as in trio.
+        """
+
+        @trio.lowlevel.enable_ki_protection
+        async def guarded(*args: Any, task_status: Any = trio.TASK_STATUS_IGNORED, **kwargs: Any) -> Any:
+            status = _Status(task_status)
             try:
+                if raise_before_started:
+                    return await fn(*args, task_status=status, **kwargs)
                 return await fn(*args, **kwargs)
             except trio.Cancelled:
                 raise
-            except BaseException as exc:  # noqa: BLE001 - any failure of a user task is shown, never kills the loop
+            except BaseException as exc:  # any failure of a user task is shown, never kills the loop
+                if raise_before_started and not status.done:
+                    raise
                 self._report(exc)
                 return None
 
@@ -63,11 +82,27 @@ class UserNursery:
         self._nursery.start_soon(self._guard(async_fn), *args, name=name or async_fn)
 
     async def start(self, async_fn: Callable[..., Awaitable[Any]], *args: Any, name: object = None) -> Any:
-        """Start and wait until it calls ``task_status.started()`` (trio.Nursery.start)."""
-        return await self._nursery.start(self._guard(async_fn), *args, name=name or async_fn)
+        """Start and wait until it calls ``task_status.started()`` (trio.Nursery.start).
+
+        An error before ``started()`` is raised here, in the awaiting cell;
+        one after it is shown as an error output of this cell.
+        """
+        return await self._nursery.start(self._guard(async_fn, raise_before_started=True), *args, name=name or async_fn)
 
     def __repr__(self) -> str:
         return f"<trikernel user nursery: {len(self._nursery.child_tasks)} tasks>"
+
+
+class _Status:
+    """Records whether ``started()`` was called on the real task_status."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.done = False
+
+    def started(self, value: Any = None) -> None:
+        self.done = True
+        self.inner.started(value)
 
 
 def current_parent() -> dict[str, Any] | None:
