@@ -53,29 +53,59 @@ cells = [
     ),
     new_code_cell("import trio\nawait trio.sleep(0.1)\nprint('awaited without any magic')"),
     new_code_cell(
-        "ticks = []\n"
-        "ready = trio.Event()\n"
-        "async def ticker():\n"
-        "    for i in range(3):\n"
-        "        ticks.append(i)\n"
-        "        print('tick', i)  # goes to this cell, even when printed later\n"
+        "ticks = 0\n"
+        "third_tick = trio.Event()\n"
+        "\n"
+        "async def ticker(n=5):\n"
+        "    global ticks\n"
+        "    while ticks < n:\n"
         "        await trio.sleep(0.05)\n"
-        "    ready.set()\n"
-        "nursery.start_soon(ticker)"
+        "        ticks += 1\n"
+        "        print(f'tick {ticks}')  # goes to this cell, even when printed later\n"
+        "        if ticks == 3:\n"
+        "            third_tick.set()\n"
+        "\n"
+        "nursery.start_soon(ticker)  # runs in the background; this cell returns at once\n"
+        "print('ticker started')"
     ),
-    new_code_cell("await ready.wait()\nticks"),
     new_code_cell(
-        "async def echo_server(stream):\n"
+        "with trio.fail_after(5):\n"
+        "    await third_tick.wait()  # set by the background task\n"
+        "print('the ticker reached', ticks)"
+    ),
+    new_code_cell(
+        "results = {}\n"
+        "\n"
+        "async def fetch(name, delay):\n"
+        "    await trio.sleep(delay)\n"
+        "    results[name] = delay\n"
+        "\n"
+        "start = trio.current_time()\n"
+        "async with trio.open_nursery() as n:\n"
+        "    for name, delay in [('a', 0.3), ('b', 0.1), ('c', 0.2)]:\n"
+        "        n.start_soon(fetch, name, delay)\n"
+        "print(sorted(results, key=results.get), f'in {trio.current_time() - start:.1f}s, not 0.6s')"
+    ),
+    new_code_cell(
+        "async def echo(stream):\n"
         "    async with stream:\n"
         "        async for data in stream:\n"
         "            await stream.send_all(data.upper())\n"
         "\n"
-        "from functools import partial\n"
-        "listeners = await nursery.start(partial(trio.serve_tcp, echo_server, 0, host='127.0.0.1'))\n"
+        "async def echo_server(*, task_status=trio.TASK_STATUS_IGNORED):\n"
+        "    global server_scope\n"
+        "    with trio.CancelScope() as server_scope:\n"
+        "        await trio.serve_tcp(echo, 0, host='127.0.0.1', task_status=task_status)\n"
+        "\n"
+        "listeners = await nursery.start(echo_server)  # the server outlives this cell\n"
         "port = listeners[0].socket.getsockname()[1]\n"
-        "async with await trio.open_tcp_stream('127.0.0.1', port) as s:\n"
-        "    await s.send_all(b'round trip through trio')\n"
-        "    print((await s.receive_some(100)).decode())"
+        "print('echo server listening on 127.0.0.1 port', port)"
+    ),
+    new_code_cell(
+        "async with await trio.open_tcp_stream('127.0.0.1', port) as stream:\n"
+        "    await stream.send_all(b'round trip through trio')\n"
+        "    print((await stream.receive_some()).decode())\n"
+        "server_scope.cancel()  # stop the background server"
     ),
 ]
 
