@@ -84,6 +84,7 @@ class Kernel:
         self.executor = Executor()
         self.shell: shell_mod.TrikernelShell | None = None
         self.comm_manager: Any = None
+        self.publisher: IOPubPublisher | None = None
         self.exit_code = 0
         self._io_ready = threading.Event()
         self._io_token: trio.lowlevel.TrioToken | None = None
@@ -107,7 +108,16 @@ class Kernel:
             self.executor.run(self._setup_user_run, self._on_user_ready)
         finally:
             io.join(self.config.shutdown_grace + FLUSH_TIMEOUT + 2)
-            log.info("iopub stats at exit: %s", self.stats.as_dict())
+            stats = self.stats.as_dict()
+            if stats["waits"] or stats["fallback_drops"]:
+                log.warning(
+                    "iopub at exit: %d waits on full subscribers, %d fallback drops (%s)",
+                    stats["waits"],
+                    stats["fallback_drops"],
+                    stats,
+                )
+            else:
+                log.info("iopub at exit: %s", stats)
             # sockets close with their configured LINGER (flush, bounded)
             self.bound.close()
             self.bound.context.term()
@@ -165,7 +175,7 @@ class Kernel:
         self._io_token = trio.lowlevel.current_trio_token()
         self._user_ready = trio.Event()
         self._shutdown = trio.Event()
-        publisher = IOPubPublisher(
+        self.publisher = publisher = IOPubPublisher(
             self.bound.sockets["iopub"],
             self.iopub_queue,
             self.session,

@@ -14,7 +14,7 @@ def register(shell: Any, kernel: Any) -> None:
         stats = kernel.stats.as_dict()
         stats["iopub_capacity"] = kernel.iopub_queue.capacity
         stats["iopub_queued"] = len(kernel.iopub_queue)
-        stats["degraded"] = False
+        stats["degraded"] = bool(kernel.publisher is not None and kernel.publisher.degraded)
         for k, v in stats.items():
             print(f"{k:>18}: {v}")
         return stats if line.strip() == "--return" else None  # type: ignore[return-value]

@@ -47,7 +47,9 @@ class UserNursery:
         except Exception:
             log.exception("could not show a background task's error")
 
-    def _guard(self, fn: Callable[..., Awaitable[Any]], *, raise_before_started: bool = False) -> Callable[..., Awaitable[Any]]:
+    def _guard(
+        self, fn: Callable[..., Awaitable[Any]], *, raise_before_started: bool = False
+    ) -> Callable[..., Awaitable[Any]]:
         """Wrap a user task: errors are shown, never propagate into the loop.
 
         KeyboardInterrupt protection: trio raises a SIGINT straight into the
