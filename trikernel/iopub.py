@@ -49,7 +49,13 @@ log = logging.getLogger("trikernel.iopub")
 
 #: Backoff bounds (seconds) while a NODROP send meets a full subscriber.
 RETRY_MIN_DELAY = 0.0005
-RETRY_MAX_DELAY = 0.05
+RETRY_MAX_DELAY = 0.005
+#: Messages io-run producers (status from the channel tasks) may queue past
+#: ``capacity``, so that kernel_info, interrupt and shutdown replies never wait
+#: behind a stalled subscriber; past it they wait like everyone else.
+IO_OVERDRAFT = 64
+#: Pending welcomes kept at most (one per subscription message).
+WELCOME_BACKLOG = 1024
 #: Minimum seconds between two warnings of the same kind.
 WARN_INTERVAL = 5.0
 #: Minimum seconds between two ``stream`` messages of one stream while a
@@ -68,8 +74,12 @@ class IOPubStats:
     - ``waits``: sends that met a full subscriber (NODROP EAGAIN) and waited.
     - ``wait_seconds``: total seconds spent in such waits.
     - ``max_wait``: longest single wait, seconds.
-    - ``fallback_drops``: messages sent lossy after ``send_timeout`` or in
-      degraded mode; each lost by at least one stalled subscriber.
+    - ``fallback_drops``: fallback events — messages sent lossy after
+      ``send_timeout`` or in degraded mode. Each cuts off at least one
+      stalled subscriber: libzmq then skips that subscriber's pipe until it
+      has drained to its low-water mark, so it misses every message until it
+      reads again. The messages it misses are not counted (libzmq does not
+      report them); this counts the cut-offs.
     - ``welcomes``: ``iopub_welcome`` messages sent.
     - ``stream_messages`` / ``stream_writes``: coalescing ratio.
     """
@@ -126,6 +136,7 @@ class IOPubQueue:
         self._io_token: trio.lowlevel.TrioToken | None = None
         self._io_thread: int | None = None
         self._credit_returned: trio.Event | None = None
+        self._overdraft = 0  # io-run messages queued past capacity (<= IO_OVERDRAFT)
         self.closed = False
 
     # -- wiring -----------------------------------------------------------
@@ -146,6 +157,10 @@ class IOPubQueue:
 
     async def _acquire_async(self) -> None:
         while not self._credits.acquire(blocking=False):
+            with self._lock:
+                if self._overdraft < IO_OVERDRAFT:
+                    self._overdraft += 1
+                    return
             self.stats.producer_blocks += 1
             if self._credit_returned is None:
                 self._credit_returned = trio.Event()
@@ -229,7 +244,13 @@ class IOPubQueue:
         return text
 
     def release(self) -> None:
-        self._credits.release()
+        """Return one unit for a message that left: overdraft first, then a credit."""
+        with self._lock:
+            paid_overdraft = self._overdraft > 0
+            if paid_overdraft:
+                self._overdraft -= 1
+        if not paid_overdraft:
+            self._credits.release()
         if self._credit_returned is not None:
             ev, self._credit_returned = self._credit_returned, None
             ev.set()
@@ -294,12 +315,15 @@ class IOPubPublisher:
         self._warn_wait = _RateLimitedWarning("wait")
         self._warn_drop = _RateLimitedWarning("drop")
         self._last_stream = 0.0
+        self._welcomes: deque[list[bytes]] = deque(maxlen=WELCOME_BACKLOG)
+        self._sub_waiter: trio.CancelScope | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.queue.attach()
         async with trio.open_nursery() as nursery:
             # welcome subscribers that connected before we started, first
-            self._handle_subscriptions()
+            self._read_subscriptions()
+            await self._send_welcomes()
             nursery.start_soon(self._watch_subscriptions)
             task_status.started()
             while True:
@@ -313,6 +337,7 @@ class IOPubPublisher:
                         await self._send_stream(item)
                     else:
                         await self._send(item[1])
+                    self.stats.sent += 1
                 finally:
                     self.queue.release()
             nursery.cancel_scope.cancel()
@@ -337,10 +362,11 @@ class IOPubPublisher:
             self.degraded = False
         except zmq.Again:
             await self._send_waiting(frames)
-        self.stats.sent += 1
         # Our send may have consumed the FD's edge for a pending subscription.
         if int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            self._handle_subscriptions()
+            self._read_subscriptions()
+            if self._welcomes and self._sub_waiter is not None:
+                self._sub_waiter.cancel()
 
     async def _send_waiting(self, frames: list[bytes]) -> None:
         if self.degraded:
@@ -400,12 +426,31 @@ class IOPubPublisher:
         )
 
     async def _watch_subscriptions(self) -> None:
+        """Welcome every new subscriber (JEP 65).
+
+        Welcomes go through the same waiting send as everything else. A
+        lossy send would make libzmq deactivate any subscriber whose pipe is
+        full at that moment, and that subscriber would then silently miss
+        messages until it drained (found by tests/test_iopub_queue.py).
+        """
         fd = int(self.sock.getsockopt(zmq.FD))
         while True:
-            self._handle_subscriptions()
-            await trio.lowlevel.wait_readable(fd)
+            self._read_subscriptions()
+            await self._send_welcomes()
+            with trio.CancelScope() as scope:
+                self._sub_waiter = scope
+                try:
+                    await trio.lowlevel.wait_readable(fd)
+                finally:
+                    self._sub_waiter = None
 
-    def _handle_subscriptions(self) -> None:
+    async def _send_welcomes(self) -> None:
+        while self._welcomes:
+            await self._send(self._welcomes.popleft())
+            self.stats.welcomes += 1
+
+    def _read_subscriptions(self) -> None:
+        """Read subscription frames (never sends: it runs inside _send too)."""
         sock = self.sock
         while True:
             try:
@@ -419,6 +464,6 @@ class IOPubPublisher:
             msg = self.session.msg(
                 "iopub_welcome", {"subscription": topic.decode("utf-8", "replace")}, None, identities=(topic,)
             )
-            # A welcome goes out lossy: the new subscriber's pipe is empty, so it gets it.
-            self._lossy(serialize(msg, self.signer))
-            self.stats.welcomes += 1
+            if len(self._welcomes) == self._welcomes.maxlen:
+                log.warning("iopub: more than %d subscriptions pending; the oldest welcome is dropped", WELCOME_BACKLOG)
+            self._welcomes.append(serialize(msg, self.signer))
