@@ -9,6 +9,8 @@ jupyter_client-style message dicts, so ``on_msg`` handlers run there.
 
 from __future__ import annotations
 
+import itertools
+import uuid
 from typing import Any
 
 import comm
@@ -18,6 +20,14 @@ from .iopub import IOPubQueue
 from .messages import Session
 from .outstream import ParentTracker
 from .wire import Message, Signer
+
+_COMM_PREFIX = uuid.uuid4().hex[:16]
+_COMM_COUNTER = itertools.count()
+
+
+def new_comm_id() -> str:
+    """32 hex digits, unique across processes (random prefix + counter)."""
+    return f"{_COMM_PREFIX}{next(_COMM_COUNTER):016x}"
 
 
 class TrikernelComm(BaseComm):
@@ -66,7 +76,15 @@ def install(session: Session, signer: Signer, queue: IOPubQueue, parents: Parent
     """Wire ``comm`` to trikernel; returns the one CommManager."""
     TrikernelComm.kernel = _Kernelish(session, signer, queue, parents)
     manager = CommManager()
-    comm.create_comm = lambda *a, **kw: TrikernelComm(*a, **kw)
+    def create_comm(*args: Any, **kwargs: Any) -> TrikernelComm:
+        # A comm_id without a syscall: comm's default (uuid4) reads
+        # os.urandom, which releases the GIL on every comm and lets the io
+        # thread preempt the cell (a third of a widget burst's time).
+        if not kwargs.get("comm_id"):
+            kwargs["comm_id"] = new_comm_id()
+        return TrikernelComm(*args, **kwargs)
+
+    comm.create_comm = create_comm
     comm.get_comm_manager = lambda: manager
     return manager
 

@@ -26,14 +26,12 @@ import os
 import signal
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 import trio.lowlevel
 
-from . import comms as comms_mod
 from . import outstream
-from . import shell as shell_mod
 from .config import ConnectionInfo, KernelConfig
 from .errors import ProtocolError
 from .executor import Executor, Job
@@ -41,7 +39,14 @@ from .heartbeat import Heartbeat
 from .iopub import IOPubPublisher, IOPubQueue, IOPubStats
 from .messages import Session, kernel_info_content
 from .sockets import BoundSockets, TrioSocket
-from .wire import Message, Signer, deserialize, serialize
+from .wire import Message, Signer, deserialize, serialize, utcnow_iso
+
+if TYPE_CHECKING:
+    from .shell import TrikernelShell
+
+# IPython and comm are imported on the main thread, inside the user run
+# (_setup_user_run), never here: the io thread must answer kernel_info
+# while IPython is still loading (DESIGN.md section 3).
 
 log = logging.getLogger("trikernel.kernel")
 
@@ -57,6 +62,19 @@ SHELL_BACKLOG = 256
 CONCURRENT_LIMIT = 64
 #: Seconds the iopub task gets to flush pending messages at shutdown.
 FLUSH_TIMEOUT = 5.0
+
+
+def _shell() -> Any:
+    """trikernel.shell, imported when a job first needs it (on the main thread)."""
+    from . import shell
+
+    return shell
+
+
+def _comms() -> Any:
+    from . import comms
+
+    return comms
 
 
 class _InputSlot:
@@ -82,7 +100,7 @@ class Kernel:
         self.iopub_queue = IOPubQueue(config.iopub_capacity, config.stream_batch_bytes, self.stats)
         self.parents = outstream.ParentTracker()
         self.executor = Executor()
-        self.shell: shell_mod.TrikernelShell | None = None
+        self.shell: TrikernelShell | None = None
         self.comm_manager: Any = None
         self.publisher: IOPubPublisher | None = None
         self.exit_code = 0
@@ -127,6 +145,9 @@ class Kernel:
     def _setup_user_run(self, nursery: trio.Nursery) -> None:
         """Main thread, inside the user run: install streams, comm, IPython."""
         import trikernel
+
+        from . import comms as comms_mod
+        from . import shell as shell_mod
 
         publisher = shell_mod.Publisher(self.session, self.signer, self.iopub_queue, self.parents)
         self.comm_manager = comms_mod.install(self.session, self.signer, self.iopub_queue, self.parents)
@@ -275,7 +296,7 @@ class Kernel:
 
         return run
 
-    def _loaded_shell(self) -> shell_mod.TrikernelShell:
+    def _loaded_shell(self) -> TrikernelShell:
         """The IPython shell; jobs run only after it is loaded (_on_main waits)."""
         assert self.shell is not None
         return self.shell
@@ -352,13 +373,13 @@ class Kernel:
             if msg.msg_type == "comm_info_request":
                 target = msg.content.get("target_name")
                 content = await self._on_main(
-                    self._with_parent(msg, lambda: comms_mod.comm_info(self.comm_manager, target)), concurrent=True
+                    self._with_parent(msg, lambda: _comms().comm_info(self.comm_manager, target)), concurrent=True
                 )
                 await self._send("shell", self.session.reply(msg, content))
             else:
                 try:
                     await self._on_main(
-                        self._with_parent(msg, lambda: comms_mod.dispatch(self.comm_manager, msg)), concurrent=True
+                        self._with_parent(msg, lambda: _comms().dispatch(self.comm_manager, msg)), concurrent=True
                     )
                 except Exception:
                     log.exception("comm handler failed for %s", msg.msg_type)
@@ -407,7 +428,7 @@ class Kernel:
         abort = False
         try:
             if t == "execute_request":
-                started = shell_mod._utcnow()
+                started = utcnow_iso()
                 content = await self._on_main(self._execute_job(msg))
                 metadata = {
                     "started": started,
@@ -421,13 +442,10 @@ class Kernel:
                     and not bool(msg.content.get("silent", False))
                 )
             else:
-                fn = {
-                    "complete_request": shell_mod.complete,
-                    "inspect_request": shell_mod.inspect,
-                    "is_complete_request": shell_mod.is_complete,
-                    "history_request": shell_mod.history,
-                }[t]
-                content = await self._on_main(self._with_parent(msg, lambda: fn(self._loaded_shell(), msg.content)))
+                name = t[: -len("_request")]  # complete, inspect, is_complete, history
+                content = await self._on_main(
+                    self._with_parent(msg, lambda: getattr(_shell(), name)(self._loaded_shell(), msg.content))
+                )
         except Exception as exc:
             log.exception("%s failed", t)
             content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
@@ -448,7 +466,7 @@ class Kernel:
                     shell.publisher.send(
                         "execute_input", {"code": msg.content.get("code", ""), "execution_count": shell.execution_count}
                     )
-                return await shell_mod.execute(shell, msg.content, lambda p, pw: self._request_input(msg, p, pw))
+                return await _shell().execute(shell, msg.content, lambda p, pw: self._request_input(msg, p, pw))
             finally:
                 outstream.current_parent.reset(token)
 

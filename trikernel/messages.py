@@ -7,6 +7,8 @@ sockets.
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import sys
 import uuid
@@ -17,8 +19,9 @@ from .wire import PROTOCOL_VERSION, Message, new_header
 IMPLEMENTATION = "trikernel"
 
 
+@functools.cache
 def iopub_topic(msg_type: str) -> bytes:
-    """The IOPub topic frame, ``kernel.<pid>.<msg_type>`` like ipykernel."""
+    """The IOPub topic frame, ``kernel.<pid>.<msg_type>`` like ipykernel (cached)."""
     return f"kernel.{os.getpid()}.{msg_type}".encode()
 
 
@@ -77,14 +80,8 @@ def language_info() -> dict[str, Any]:
     }
 
 
-def kernel_info_content() -> dict[str, Any]:
-    """``kernel_info_reply`` content; static, so answerable before IPython loads."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        ipy = version("ipython")
-    except PackageNotFoundError:  # pragma: no cover
-        ipy = "unknown"
+@functools.cache
+def _static_kernel_info() -> dict[str, Any]:
     from . import __version__
 
     return {
@@ -93,7 +90,7 @@ def kernel_info_content() -> dict[str, Any]:
         "implementation": IMPLEMENTATION,
         "implementation_version": __version__,
         "language_info": language_info(),
-        "banner": f"trikernel {__version__} (IPython {ipy}, Python {sys.version.split()[0]}) on trio",
+        "banner": f"trikernel {__version__}: IPython on trio, Python {sys.version.split()[0]}",
         "help_links": [
             {"text": "Python Reference", "url": "https://docs.python.org/3/"},
             {"text": "IPython Reference", "url": "https://ipython.readthedocs.io/"},
@@ -102,3 +99,12 @@ def kernel_info_content() -> dict[str, Any]:
         "debugger": False,
         "supported_features": [],
     }
+
+
+def kernel_info_content() -> dict[str, Any]:
+    """``kernel_info_reply`` content (spec "Kernel info").
+
+    Static: it needs no IPython, so the io thread answers it while IPython
+    is still loading. A fresh copy each time (callers may not mutate ours).
+    """
+    return copy.deepcopy(_static_kernel_info())

@@ -18,7 +18,6 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from IPython.core import page, payloadpage
@@ -183,10 +182,6 @@ def create_shell(publisher: Publisher) -> TrikernelShell:
     shell.autoawait = True
     shell._last_traceback = []
     return shell
-
-
-def _utcnow() -> str:
-    return datetime.now(UTC).isoformat()
 
 
 class InputForwarder:

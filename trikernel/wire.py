@@ -17,9 +17,12 @@ No sockets, no trio, no zmq here: bytes in, messages out.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import itertools
 import json
+import numbers
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -40,7 +43,10 @@ try:  # orjson is ~5x faster for the small dicts of the hot path; optional.
     import orjson as _orjson
 
     def _dumps(obj: Any) -> bytes:
-        return _orjson.dumps(obj, default=_json_default, option=_orjson.OPT_NON_STR_KEYS)
+        try:
+            return _orjson.dumps(obj, default=_json_default)
+        except TypeError:  # e.g. int dict keys, which json.dumps would turn into str
+            return _orjson.dumps(obj, default=_json_default, option=_orjson.OPT_NON_STR_KEYS)
 
 except ImportError:  # pragma: no cover - exercised when orjson is absent
     _orjson = None  # type: ignore[assignment]
@@ -50,10 +56,20 @@ except ImportError:  # pragma: no cover - exercised when orjson is absent
 
 
 def _json_default(obj: Any) -> Any:
+    """What JSON cannot carry natively, as ipykernel's json_clean does it."""
     if isinstance(obj, datetime):
         return obj.isoformat()
-    if isinstance(obj, bytes):
-        return obj.decode("utf-8", "replace")
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(obj)).decode("ascii")
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    if isinstance(obj, numbers.Integral):
+        return int(obj)
+    if isinstance(obj, numbers.Real):
+        return float(obj)
+    tolist = getattr(obj, "tolist", None)  # numpy arrays and scalars
+    if callable(tolist):
+        return tolist()
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
@@ -78,10 +94,22 @@ def utcnow_iso() -> str:
     return datetime.now(UTC).isoformat()
 
 
+#: msg_id = "<random per process>_<counter>": unique like a uuid4 but with no
+#: syscall per message (uuid4 reads os.urandom, which releases the GIL and
+#: lets the io thread preempt the producing cell; see docs/benchmarks.md).
+_ID_PREFIX = uuid.uuid4().hex
+_ID_COUNTER = itertools.count()
+
+
+def new_msg_id() -> str:
+    """A message id unique across processes and sessions (str)."""
+    return f"{_ID_PREFIX}_{next(_ID_COUNTER)}"
+
+
 def new_header(msg_type: str, session: str, username: str = "kernel") -> dict[str, Any]:
     """A fresh message header (spec: "General Message Format")."""
     return {
-        "msg_id": uuid.uuid4().hex,
+        "msg_id": new_msg_id(),
         "msg_type": msg_type,
         "username": username,
         "session": session,
