@@ -76,6 +76,7 @@ def install(session: Session, signer: Signer, queue: IOPubQueue, parents: Parent
     """Wire ``comm`` to trikernel; returns the one CommManager."""
     TrikernelComm.kernel = _Kernelish(session, signer, queue, parents)
     manager = CommManager()
+
     def create_comm(*args: Any, **kwargs: Any) -> TrikernelComm:
         # A comm_id without a syscall: comm's default (uuid4) reads
         # os.urandom, which releases the GIL on every comm and lets the io

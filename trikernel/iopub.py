@@ -132,9 +132,12 @@ class IOPubQueue:
         self.capacity = capacity
         self.stream_batch_bytes = stream_batch_bytes
         self.stats = stats
-        self._credits = threading.Semaphore(capacity)
+        # One lock guards items, open batches and credits; producers in other
+        # threads wait for a credit on _space (interruptible by Ctrl-C).
+        self._free = capacity
         self._items: deque[_Item] = deque()
         self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
         self._open: dict[str, StreamBatch] = {}
         self._consumer_wake: trio.Event | None = None
         self._io_token: trio.lowlevel.TrioToken | None = None
@@ -155,21 +158,13 @@ class IOPubQueue:
         return threading.get_ident() == self._io_thread
 
     # -- producers ----------------------------------------------------------
-    def _acquire_blocking(self) -> None:
-        if not self._credits.acquire(blocking=False):
+    def _take_credit_locked(self) -> None:
+        """With the lock held: take a credit, waiting for one if none is free."""
+        if self._free == 0:
             self.stats.producer_blocks += 1
-            self._credits.acquire()  # interruptible by signals (KeyboardInterrupt)
-
-    async def _acquire_async(self) -> None:
-        while not self._credits.acquire(blocking=False):
-            with self._lock:
-                if self._overdraft < IO_OVERDRAFT:
-                    self._overdraft += 1
-                    return
-            self.stats.producer_blocks += 1
-            if self._credit_returned is None:
-                self._credit_returned = trio.Event()
-            await self._credit_returned.wait()
+            while self._free == 0:
+                self._space.wait()  # releases the lock meanwhile; Ctrl-C interrupts it
+        self._free -= 1
 
     def _append_locked(self, item: _Item) -> None:
         # any non-stream item seals every open batch (keeps write order)
@@ -193,20 +188,31 @@ class IOPubQueue:
         frames = serialize(frames_or_msg, signer)
         if self.in_io_thread:
             raise RuntimeError("IOPubQueue.put from the io thread; use aput")
-        self._acquire_blocking()
-        try:
-            with self._lock:
-                self._append_locked((frames_or_msg.msg_type, frames))
-        except BaseException:
-            self._credits.release()
-            raise
+        with self._lock:
+            self._take_credit_locked()
+            self._append_locked((frames_or_msg.msg_type, frames))
 
     async def aput(self, msg: Message, signer: Signer) -> None:
-        """Queue a message from a task of the io run; waits when full."""
+        """Queue a message from a task of the io run; waits when full.
+
+        May go up to IO_OVERDRAFT messages past the capacity first.
+        """
         frames = serialize(msg, signer)
-        await self._acquire_async()
-        with self._lock:
-            self._append_locked((msg.msg_type, frames))
+        while True:
+            with self._lock:
+                if self._free > 0:
+                    self._free -= 1
+                    self._append_locked((msg.msg_type, frames))
+                    return
+                if self._overdraft < IO_OVERDRAFT:
+                    self._overdraft += 1
+                    self._append_locked((msg.msg_type, frames))
+                    return
+                self.stats.producer_blocks += 1
+                if self._credit_returned is None:
+                    self._credit_returned = trio.Event()
+                ev = self._credit_returned
+            await ev.wait()
 
     def write_stream(self, name: str, text: str, parent: dict[str, Any]) -> None:
         """Append ``text`` to stream ``name`` (stdout/stderr) for ``parent``.
@@ -222,14 +228,8 @@ class IOPubQueue:
                 b.parts.append(text)
                 b.size += len(text)
                 return
-        self._acquire_blocking()
-        try:
-            with self._lock:
-                nb = StreamBatch(name, parent, [text], len(text))
-                self._append_locked(nb)
-        except BaseException:
-            self._credits.release()
-            raise
+            self._take_credit_locked()
+            self._append_locked(StreamBatch(name, parent, [text], len(text)))
 
     # -- consumer -----------------------------------------------------------
     async def get(self) -> _Item:
@@ -258,13 +258,13 @@ class IOPubQueue:
     def release(self) -> None:
         """Return one unit for a message that left: overdraft first, then a credit."""
         with self._lock:
-            paid_overdraft = self._overdraft > 0
-            if paid_overdraft:
+            if self._overdraft > 0:
                 self._overdraft -= 1
-        if not paid_overdraft:
-            self._credits.release()
-        if self._credit_returned is not None:
+            else:
+                self._free += 1
+                self._space.notify()
             ev, self._credit_returned = self._credit_returned, None
+        if ev is not None:
             ev.set()
 
     def close(self) -> None:
