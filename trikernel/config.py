@@ -182,7 +182,7 @@ class KernelConfig:
     """
 
     iopub_capacity: int = 1000
-    iopub_send_timeout: float = 10.0
+    iopub_send_timeout: float = 5.0
     iopub_warn_after: float = 1.0
     stream_batch_bytes: int = 1 << 16
     handshake_timeout: float = 5.0
