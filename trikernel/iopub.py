@@ -58,6 +58,9 @@ IO_OVERDRAFT = 64
 #: drains the queue: the producer queues a batch meanwhile, so a cell that
 #: emits many messages costs one thread switch per batch, not per message.
 GATHER_WINDOW = 0.0005
+#: Messages the iopub task takes from the queue at once (one lock round
+#: trip, one credit return, one EVENTS check per batch).
+SEND_BATCH = 64
 #: Pending welcomes kept at most (one per subscription message).
 WELCOME_BACKLOG = 1024
 #: Minimum seconds between two warnings of the same kind.
@@ -232,11 +235,13 @@ class IOPubQueue:
             self._append_locked(StreamBatch(name, parent, [text], len(text)))
 
     # -- consumer -----------------------------------------------------------
-    async def get(self) -> _Item:
+    async def get(self, limit: int = 1) -> list[_Item]:
+        """Wait for items; return up to ``limit`` of them, oldest first."""
         while True:
             with self._lock:
                 if self._items:
-                    return self._items.popleft()
+                    items = self._items
+                    return [items.popleft() for _ in range(min(limit, len(items)))]
                 ev = self._consumer_wake = trio.Event()
                 self._woken_from_thread = False
             await ev.wait()
@@ -255,14 +260,14 @@ class IOPubQueue:
             b.parts.clear()
         return text
 
-    def release(self) -> None:
-        """Return one unit for a message that left: overdraft first, then a credit."""
+    def release(self, n: int = 1) -> None:
+        """Return ``n`` units for messages that left: overdraft first, then credits."""
         with self._lock:
-            if self._overdraft > 0:
-                self._overdraft -= 1
-            else:
-                self._free += 1
-                self._space.notify()
+            paid = min(n, self._overdraft)
+            self._overdraft -= paid
+            if n > paid:
+                self._free += n - paid
+                self._space.notify(n - paid)
             ev, self._credit_returned = self._credit_returned, None
         if ev is not None:
             ev.set()
@@ -355,20 +360,26 @@ class IOPubPublisher:
             await self._send_welcomes()
             nursery.start_soon(self._watch_subscriptions)
             task_status.started()
-            while True:
-                item = await self.queue.get()
-                if isinstance(item, _Close):
-                    break
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("sending %s", item.name if isinstance(item, StreamBatch) else item[0])
+            closing = False
+            while not closing:
+                batch = await self.queue.get(SEND_BATCH)
+                held = 0  # items in the batch that hold a credit (all but the close marker)
                 try:
-                    if isinstance(item, StreamBatch):
-                        await self._send_stream(item)
-                    else:
-                        await self._send(item[1])
-                    self.stats.sent += 1
+                    for item in batch:
+                        if isinstance(item, _Close):
+                            closing = True
+                            continue
+                        held += 1
+                        if log.isEnabledFor(logging.DEBUG):
+                            log.debug("sending %s", item.name if isinstance(item, StreamBatch) else item[0])
+                        if isinstance(item, StreamBatch):
+                            await self._send_stream(item)
+                        else:
+                            await self._send(item[1])
+                        self.stats.sent += 1
                 finally:
-                    self.queue.release()
+                    self.queue.release(held)
+                    self._after_sends()
             nursery.cancel_scope.cancel()
 
     async def _send_stream(self, b: StreamBatch) -> None:
@@ -391,8 +402,11 @@ class IOPubPublisher:
             self.degraded = False
         except zmq.Again:
             await self._send_waiting(frames)
-        # Our send may have consumed the FD's edge for a pending subscription.
-        if int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+
+    def _after_sends(self) -> None:
+        """Our sends may have consumed the FD's edge for a pending subscription
+        (zmq_getsockopt(3), ZMQ_FD): look, and wake the welcomer if so."""
+        if int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self._read_subscriptions()
             if self._welcomes and self._sub_waiter is not None:
                 self._sub_waiter.cancel()
@@ -407,6 +421,7 @@ class IOPubPublisher:
         warned = False
         try:
             while True:
+                self._after_sends()  # subscriptions keep arriving while we wait
                 await trio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_DELAY)
                 try:
@@ -477,6 +492,7 @@ class IOPubPublisher:
         while self._welcomes:
             await self._send(self._welcomes.popleft())
             self.stats.welcomes += 1
+            self._after_sends()
 
     def _read_subscriptions(self) -> None:
         """Read subscription frames (never sends: it runs inside _send too)."""
