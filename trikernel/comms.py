@@ -16,10 +16,8 @@ from typing import Any
 import comm
 from comm.base_comm import BaseComm, BuffersType, CommManager, MaybeDict
 
-from .iopub import IOPubQueue
-from .messages import Session
-from .outstream import ParentTracker
-from .wire import Message, Signer
+from .outstream import Publisher
+from .wire import Message
 
 _COMM_PREFIX = uuid.uuid4().hex[:16]
 _COMM_COUNTER = itertools.count()
@@ -33,7 +31,8 @@ def new_comm_id() -> str:
 class TrikernelComm(BaseComm):
     """A comm whose messages go through the IOPub queue (with backpressure)."""
 
-    kernel: Any = None  # set by install()
+    publisher: Publisher  # set by install()
+    shell: Any = None  # set by set_shell()
 
     def publish_msg(
         self,
@@ -43,16 +42,14 @@ class TrikernelComm(BaseComm):
         buffers: BuffersType = None,
         **keys: Any,
     ) -> None:
-        k = TrikernelComm.kernel
         content = {"data": {} if data is None else data, "comm_id": self.comm_id, **keys}
         bufs = tuple(bytes(b) for b in buffers) if buffers else ()
-        msg = k.session.iopub(msg_type, content, k.parents.get(), metadata=metadata or {}, buffers=bufs)
-        k.iopub_queue.put(msg, k.signer)
+        TrikernelComm.publisher.send(msg_type, content, metadata, bufs)
 
     def handle_msg(self, msg: dict[str, Any]) -> None:
         # ipykernel brackets comm callbacks with pre/post_execute so that
         # e.g. matplotlib figures made in a widget callback are flushed.
-        shell = getattr(TrikernelComm.kernel, "shell", None)
+        shell = TrikernelComm.shell
         if self._msg_callback and shell is not None:
             shell.events.trigger("pre_execute")
             try:
@@ -63,18 +60,9 @@ class TrikernelComm(BaseComm):
             super().handle_msg(msg)
 
 
-class _Kernelish:
-    def __init__(self, session: Session, signer: Signer, queue: IOPubQueue, parents: ParentTracker):
-        self.session = session
-        self.signer = signer
-        self.iopub_queue = queue
-        self.parents = parents
-        self.shell: Any = None
-
-
-def install(session: Session, signer: Signer, queue: IOPubQueue, parents: ParentTracker) -> CommManager:
+def install(publisher: Publisher) -> CommManager:
     """Wire ``comm`` to trikernel; returns the one CommManager."""
-    TrikernelComm.kernel = _Kernelish(session, signer, queue, parents)
+    TrikernelComm.publisher = publisher
     manager = CommManager()
 
     def create_comm(*args: Any, **kwargs: Any) -> TrikernelComm:
@@ -91,7 +79,7 @@ def install(session: Session, signer: Signer, queue: IOPubQueue, parents: Parent
 
 
 def set_shell(shell: Any) -> None:
-    TrikernelComm.kernel.shell = shell
+    TrikernelComm.shell = shell
 
 
 def as_dict(msg: Message) -> dict[str, Any]:

@@ -117,7 +117,10 @@ def parse_connection(d: Any, *, require_ports: bool = True) -> ConnectionInfo:
     ip = _field(d, "ip", str, "127.0.0.1") or "127.0.0.1"
     key = _field(d, "key", str)
     scheme = _field(d, "signature_scheme", str, "hmac-sha256")
-    Signer(b"", scheme)  # raises ConfigError naming signature_scheme
+    try:
+        Signer(b"", scheme)
+    except ConfigError as exc:
+        raise ConfigError(f"connection file: field {exc}") from None
     curve_pub = d.get("curve_publickey")
     curve_sec = d.get("curve_secretkey")
     if (curve_pub is None) != (curve_sec is None):

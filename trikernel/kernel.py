@@ -149,8 +149,8 @@ class Kernel:
         from . import comms as comms_mod
         from . import shell as shell_mod
 
-        publisher = shell_mod.Publisher(self.session, self.signer, self.iopub_queue, self.parents)
-        self.comm_manager = comms_mod.install(self.session, self.signer, self.iopub_queue, self.parents)
+        publisher = outstream.Publisher(self.session, self.signer, self.iopub_queue, self.parents)
+        self.comm_manager = comms_mod.install(publisher)
         # Threads IPython starts (history saver) inherit this mask: SIGINT
         # must reach the main thread, where user code runs.
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

@@ -1,4 +1,5 @@
-"""sys.stdout / sys.stderr replacements that become IOPub ``stream`` messages.
+"""User-side output: sys.stdout / sys.stderr replacements that become IOPub
+``stream`` messages, and the Publisher that display, errors and comms use.
 
 Parent routing: the parent header comes from the ``current_parent``
 context variable (set for every job; trio tasks started inside a cell
@@ -16,6 +17,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from .iopub import IOPubQueue
+from .messages import Session
+from .wire import Signer
 
 #: Parent header of the request whose code is running in this context.
 current_parent: ContextVar[dict[str, Any] | None] = ContextVar("trikernel_parent", default=None)
@@ -78,6 +81,28 @@ class OutStream(io.TextIOBase):
 
     def flush(self) -> None:
         """Nothing to do: text is queued in order as it is written."""
+
+
+class Publisher:
+    """Sends IOPub messages from user-side code (display, errors, comms),
+    parented to the request whose code is running (see ParentTracker)."""
+
+    def __init__(self, session: Session, signer: Signer, queue: IOPubQueue, parents: ParentTracker):
+        self.session = session
+        self.signer = signer
+        self.queue = queue
+        self.parents = parents
+
+    def send(
+        self,
+        msg_type: str,
+        content: dict[str, Any],
+        metadata: dict[str, Any] | None = None,
+        buffers: tuple[bytes, ...] = (),
+    ) -> None:
+        """Queue one message (blocks while the IOPub queue is full)."""
+        msg = self.session.iopub(msg_type, content, self.parents.get(), metadata=metadata or {}, buffers=buffers)
+        self.queue.put(msg, self.signer)
 
 
 def install(queue: IOPubQueue, parents: ParentTracker) -> None:

@@ -30,26 +30,9 @@ from IPython.utils.tokenutil import token_at_cursor
 from traitlets import Any as TAny
 from traitlets import Instance, Type
 
-from .iopub import IOPubQueue
-from .messages import Session
-from .outstream import ParentTracker
-from .wire import Signer
+from .outstream import Publisher
 
 log = logging.getLogger("trikernel.shell")
-
-
-class Publisher:
-    """Everything the shell needs to publish on IOPub."""
-
-    def __init__(self, session: Session, signer: Signer, queue: IOPubQueue, parents: ParentTracker):
-        self.session = session
-        self.signer = signer
-        self.queue = queue
-        self.parents = parents
-
-    def send(self, msg_type: str, content: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:
-        msg = self.session.iopub(msg_type, content, self.parents.get(), metadata=metadata or {})
-        self.queue.put(msg, self.signer)
 
 
 def clean_bundle(data: dict[str, Any]) -> dict[str, Any]:

@@ -128,13 +128,13 @@ class Signer:
 
     def __init__(self, key: bytes, scheme: str = "hmac-sha256", replay_window: int = REPLAY_WINDOW):
         if not scheme.startswith("hmac-"):
-            raise ConfigError(f"connection file: field 'signature_scheme': {scheme!r} is not of the form 'hmac-<hash>'")
+            raise ConfigError(f"signature_scheme: {scheme!r} is not of the form 'hmac-<hash>'")
         name = scheme[len("hmac-") :]
         try:
             hashlib.new(name)
         except (ValueError, TypeError):
             raise ConfigError(
-                f"connection file: field 'signature_scheme': unknown hash {name!r} (known: {sorted(hashlib.algorithms_available)})"
+                f"signature_scheme: unknown hash {name!r} (known: {sorted(hashlib.algorithms_available)})"
             ) from None
         self.key = key
         self.scheme = scheme
