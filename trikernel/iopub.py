@@ -282,6 +282,9 @@ class IOPubQueue:
         return len(self._items)
 
 
+#: pyzmq's Cython send, without the sugar layer's keyword handling
+#: (0.13 us instead of 0.36 us a frame; a message is 7+ frames).
+_raw_send = zmq.backend.Socket.send
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 
@@ -289,14 +292,14 @@ _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 def _send_frames(sock: zmq.Socket, frames: list[bytes]) -> None:
     """send_multipart(frames, NOBLOCK) with plain int flags.
 
-    pyzmq's send_multipart combines enum flags per frame in Python, a
-    measurable share of the iopub task's time. A multipart message is
+    pyzmq's send_multipart combines enum flags per frame in Python and goes
+    through the sugar layer, a measurable share of the iopub task's time. A multipart message is
     atomic in libzmq: EAGAIN can only come on the first frame, before
     anything was queued, so a retry resends the whole message.
     """
     last = len(frames) - 1
     for i, frame in enumerate(frames):
-        sock.send(frame, _MORE_NOBLOCK if i < last else _NOBLOCK)
+        _raw_send(sock, frame, _MORE_NOBLOCK if i < last else _NOBLOCK)
 
 
 class _RateLimitedWarning:
