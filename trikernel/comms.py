@@ -10,7 +10,7 @@ jupyter_client-style message dicts, so ``on_msg`` handlers run there.
 from __future__ import annotations
 
 import itertools
-import uuid
+import os
 from typing import Any
 
 import comm
@@ -19,7 +19,7 @@ from comm.base_comm import BaseComm, BuffersType, CommManager, MaybeDict
 from .outstream import Publisher
 from .wire import Message
 
-_COMM_PREFIX = uuid.uuid4().hex[:16]
+_COMM_PREFIX = os.urandom(8).hex()
 _COMM_COUNTER = itertools.count()
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -158,6 +157,8 @@ def load_json_file(path: str) -> dict[str, Any]:
 def write_json_atomic(path: str, data: dict[str, Any]) -> None:
     """Write ``data`` to ``path`` atomically (temp file + rename), mode 0600."""
     directory = os.path.dirname(os.path.abspath(path))
+    import tempfile  # not on the start-up path unless ports are written back
+
     fd, tmp = tempfile.mkstemp(prefix=".trikernel-", suffix=".json", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

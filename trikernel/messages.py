@@ -11,7 +11,6 @@ import copy
 import functools
 import os
 import sys
-import uuid
 from typing import Any
 
 from .wire import PROTOCOL_VERSION, Message, new_header
@@ -29,7 +28,7 @@ class Session:
     """Builds messages stamped with this kernel's session id."""
 
     def __init__(self, session_id: str | None = None, username: str = "kernel"):
-        self.session = session_id or uuid.uuid4().hex
+        self.session = session_id or os.urandom(16).hex()
         self.username = username
 
     def msg(

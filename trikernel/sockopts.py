@@ -43,10 +43,8 @@ Not thread-safe to apply to one socket from two threads (no ZeroMQ socket is);
 from __future__ import annotations
 
 import argparse
-import difflib
 import logging
 import re
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -508,6 +506,8 @@ def _lookup(channel: str, raw_name: str, raw_value: object, source: str) -> tupl
     name = name.removeprefix("ZMQ_")
     members = zmq.SocketOption.__members__
     if name not in members:
+        import difflib  # only on the error path
+
         close = difflib.get_close_matches(name, list(CATALOGUE), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise _fail(
@@ -655,6 +655,8 @@ def _from_env(environ: Mapping[str, str]) -> list[_Entry]:
 
 
 def _from_config(path: str) -> list[_Entry]:
+    import tomllib  # only when a config file is given
+
     label = f"config file {path}"
     try:
         with open(path, "rb") as f:

@@ -23,7 +23,7 @@ import hmac
 import itertools
 import json
 import numbers
-import uuid
+import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -97,7 +97,7 @@ def utcnow_iso() -> str:
 #: msg_id = "<random per process>_<counter>": unique like a uuid4 but with no
 #: syscall per message (uuid4 reads os.urandom, which releases the GIL and
 #: lets the io thread preempt the producing cell; see docs/benchmarks.md).
-_ID_PREFIX = uuid.uuid4().hex
+_ID_PREFIX = os.urandom(16).hex()
 _ID_COUNTER = itertools.count()
 
 
