@@ -1,6 +1,6 @@
 """Command line: ``python -m trikernel -f FILE [options]`` and ``python -m trikernel install``.
 
-Start-up (DESIGN.md section 3): the file given with ``-f`` picks the mode —
+Start-up (docs/design.md, "Threads and loops"): the file given with ``-f`` picks the mode —
 A classic (all five ports given: bind exactly those), B zero ports (bind
 random ports, write them back atomically), C JEP 66 registration file
 (``registration_port`` present: bind random ports, register with the
@@ -105,6 +105,21 @@ def _install_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _configure_logging(level: str) -> None:
+    """The kernel's own log goes to the real stderr (the kernel's terminal,
+    never the notebook). Only the ``trikernel`` logger is configured: the
+    root logger stays the user's, so ``logging.warning(...)`` in a cell (and
+    libraries' logs, e.g. comm's errors in widget handlers) reach the
+    notebook's stderr as in ipykernel, and ``logging.basicConfig`` in a
+    cell works."""
+    handler = logging.StreamHandler(sys.__stderr__)
+    handler.setFormatter(logging.Formatter("[trikernel %(levelname)s %(name)s] %(message)s"))
+    kernel_log = logging.getLogger("trikernel")
+    kernel_log.addHandler(handler)
+    kernel_log.setLevel(getattr(logging, level))
+    kernel_log.propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["install"]:
@@ -142,11 +157,7 @@ def _run(argv: list[str]) -> int:
     from . import sockopts
 
     args = _run_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level),
-        stream=sys.__stderr__,
-        format="[trikernel %(levelname)s %(name)s] %(message)s",
-    )
+    _configure_logging(args.log_level)
     try:
         config = KernelConfig(
             iopub_capacity=args.iopub_capacity,

@@ -177,7 +177,7 @@ class KernelConfig:
 
     - ``iopub_capacity``: messages the IOPub queue holds before producers block.
     - ``iopub_send_timeout``: seconds a NODROP send may wait on a full
-      subscriber before that one message is sent lossy (DESIGN.md section 2).
+      subscriber before that one message is sent lossy (docs/design.md, "The IOPub path").
     - ``iopub_warn_after``: seconds of waiting before a (rate-limited) warning.
     - ``stream_batch_bytes``: largest coalesced ``stream`` message, in bytes.
     - ``handshake_timeout``: seconds to wait for the JEP 66 acknowledgement.

@@ -1,6 +1,6 @@
 """The main thread's persistent user trio run and the job hand-off.
 
-DESIGN.md section 1. The main thread runs one ``trio.run`` for the kernel's
+docs/design.md, "Threads and loops". The main thread runs one ``trio.run`` for the kernel's
 life. Its main task takes one *sequential* job at a time (execute,
 complete, inspect, history, is_complete) and awaits it right there, so
 top-level ``await`` in a cell runs in the main task and trio's own
@@ -42,9 +42,12 @@ class Job:
         self.done = trio.Event()  # belongs to the io run
         self._io_token = trio.lowlevel.current_trio_token()
 
-    async def run(self) -> None:
+    async def run(self, *, interruptible: bool = False) -> None:
         try:
-            self.result = await self.fn()
+            if interruptible:
+                self.result = await _call_interruptible(self.fn)
+            else:
+                self.result = await self.fn()
         except KeyboardInterrupt as exc:  # interrupt that missed user code
             self.error = exc
         except trio.Cancelled:
@@ -58,9 +61,19 @@ class Job:
 
 
 @trio.lowlevel.enable_ki_protection
-async def _run_protected(job: Job) -> None:
-    """A concurrent job (comm handler): SIGINT goes to the main task, not here."""
-    await job.run()
+async def _run_concurrent(job: Job) -> None:
+    """A concurrent job (comm handler) as a task of the user nursery.
+
+    Its glue is KI-protected (an interrupt never skips setting ``done``);
+    the handler itself is not, so a handler that loops or sleeps can be
+    interrupted like a cell.
+    """
+    await job.run(interruptible=True)
+
+
+@trio.lowlevel.disable_ki_protection
+async def _call_interruptible(fn: Callable[[], Awaitable[Any]]) -> Any:
+    return await fn()
 
 
 class _Stop:
@@ -77,7 +90,7 @@ class Executor:
         self.nursery: trio.Nursery | None = None
         self._send: trio.MemorySendChannel[Job | _Stop] | None = None
         self.busy = False
-        self._stopping = False
+        self.stopping = False
 
     # -- io side --------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -91,13 +104,13 @@ class Executor:
 
         def start() -> None:
             assert self.nursery is not None
-            self.nursery.start_soon(_run_protected, job)
+            self.nursery.start_soon(_run_concurrent, job)
 
         self.token.run_sync_soon(start)
 
     def stop(self) -> None:
         """Ask the user run to cancel the user nursery and return (thread-safe)."""
-        self._stopping = True
+        self.stopping = True
         if self.token is None or self._send is None:
             return
         try:
@@ -117,7 +130,7 @@ class Executor:
         except KeyboardInterrupt:
             # jupyter_client interrupts before it shuts a kernel down; an
             # interrupt that lands while the user run winds down is harmless.
-            if not self._stopping:
+            if not self.stopping:
                 raise
 
     async def _main(self, setup: Callable[[trio.Nursery], None], on_ready: Callable[[], None]) -> None:

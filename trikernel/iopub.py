@@ -1,6 +1,6 @@
 """The IOPub path: one bounded queue, one task that owns the XPUB socket.
 
-DESIGN.md section 2. Every IOPub message (status, execute_input, stream,
+docs/design.md, "The IOPub path". Every IOPub message (status, execute_input, stream,
 display_data, execute_result, error, clear_output, comm_*) goes through ONE
 :class:`IOPubQueue`. Its consumer is :meth:`IOPubPublisher.run`, the iopub
 task in the io thread's trio run, the sole owner of the XPUB socket.
@@ -89,6 +89,9 @@ class IOPubStats:
       report them); this counts the cut-offs.
     - ``welcomes``: ``iopub_welcome`` messages sent.
     - ``stream_messages`` / ``stream_writes``: coalescing ratio.
+    - ``producer_blocks``: times a producer found the queue full and waited.
+    - ``send_errors``: messages that could not be serialised or sent (bug
+      or bad data; each is logged with its traceback).
     """
 
     sent: int = 0
@@ -100,6 +103,7 @@ class IOPubStats:
     stream_messages: int = 0
     stream_writes: int = 0
     producer_blocks: int = 0
+    send_errors: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -375,14 +379,24 @@ class IOPubPublisher:
                         held += 1
                         if log.isEnabledFor(logging.DEBUG):
                             log.debug("sending %s", item.name if isinstance(item, StreamBatch) else item[0])
-                        if isinstance(item, StreamBatch):
-                            await self._send_stream(item)
-                        else:
-                            await self._send(item[1])
-                        self.stats.sent += 1
+                        try:
+                            if isinstance(item, StreamBatch):
+                                await self._send_stream(item)
+                            else:
+                                await self._send(item[1])
+                            self.stats.sent += 1
+                        except Exception:  # trio.Cancelled is a BaseException: it passes
+                            # never let one message take the IOPub path down
+                            self.stats.send_errors += 1
+                            log.exception(
+                                "iopub: could not send a message; it is lost (send_errors=%d)", self.stats.send_errors
+                            )
                 finally:
                     self.queue.release(held)
                     self._after_sends()
+                # A queue that never runs dry must not starve the control,
+                # shell and stdin tasks of this run.
+                await trio.lowlevel.checkpoint()
             nursery.cancel_scope.cancel()
 
     async def _send_stream(self, b: StreamBatch) -> None:

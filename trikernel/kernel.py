@@ -1,6 +1,6 @@
 """The kernel: lifecycle, the io thread's tasks, and request dispatch.
 
-Threads (DESIGN.md section 1):
+Threads (docs/design.md, "Threads and loops"):
 - main thread: the user trio run (executor.py) with IPython (shell.py);
 - "trikernel-io": one trio run whose root nursery holds the iopub task
   (iopub.py), the shell, control and stdin tasks (below) and the launcher
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 # IPython and comm are imported on the main thread, inside the user run
 # (_setup_user_run), never here: the io thread must answer kernel_info
-# while IPython is still loading (DESIGN.md section 3).
+# while IPython is still loading (docs/design.md, "Threads and loops").
 
 log = logging.getLogger("trikernel.kernel")
 
@@ -62,6 +62,11 @@ SHELL_BACKLOG = 256
 CONCURRENT_LIMIT = 64
 #: Seconds the iopub task gets to flush pending messages at shutdown.
 FLUSH_TIMEOUT = 5.0
+
+
+class JobInterrupted(Exception):
+    """A job on the main thread ended with KeyboardInterrupt (e.g. an
+    interrupted comm handler)."""
 
 
 def _shell() -> Any:
@@ -124,8 +129,24 @@ class Kernel:
             return 1
         try:
             self.executor.run(self._setup_user_run, self._on_user_ready)
+        except BaseException:
+            log.exception("the user run failed")
+            self.exit_code = 1
+            raise
         finally:
+            if not self.executor.stopping:
+                # the user run ended without a shutdown request: shut down
+                # cleanly rather than serve requests nobody can run
+                log.error("the user run ended unexpectedly; shutting the kernel down")
+                self.exit_code = self.exit_code or 1
+                self.request_shutdown()
             io.join(self.config.shutdown_grace + FLUSH_TIMEOUT + 2)
+            if io.is_alive():
+                # the io thread still owns its sockets: closing them under it
+                # would be a crash; leave at once instead
+                log.error("io thread did not finish; exiting")
+                logging.shutdown()
+                os._exit(self.exit_code or 1)
             stats = self.stats.as_dict()
             if stats["waits"] or stats["fallback_drops"]:
                 log.warning(
@@ -163,6 +184,7 @@ class Kernel:
         from .usernursery import UserNursery
 
         un = UserNursery(nursery, self)
+        nursery.start_soon(un.host)  # runs before any job: the loop checkpoints first
         trikernel.nursery = un
         self.shell.user_ns["nursery"] = un
         self.shell.user_ns_hidden["nursery"] = un
@@ -277,11 +299,17 @@ class Kernel:
         assert self._user_ready is not None
         await self._user_ready.wait()
         job = Job(fn)
-        if concurrent:
-            self.executor.submit_concurrent(job)
-        else:
-            self.executor.submit(job)
+        try:
+            if concurrent:
+                self.executor.submit_concurrent(job)
+            else:
+                self.executor.submit(job)
+        except trio.RunFinishedError:
+            raise RuntimeError("the kernel is shutting down") from None
         await job.done.wait()
+        if isinstance(job.error, KeyboardInterrupt):
+            # never re-raise an interrupt in the io run: it would end it
+            raise JobInterrupted(f"interrupted: {job.error!r}")
         if job.error is not None:
             raise job.error
         return job.result
@@ -381,6 +409,8 @@ class Kernel:
                     await self._on_main(
                         self._with_parent(msg, lambda: _comms().dispatch(self.comm_manager, msg)), concurrent=True
                     )
+                except JobInterrupted:
+                    log.warning("a %s handler was interrupted", msg.msg_type)
                 except Exception:
                     log.exception("comm handler failed for %s", msg.msg_type)
             await self._status("idle", msg)

@@ -12,6 +12,7 @@ full (backpressure).
 from __future__ import annotations
 
 import io
+import os
 import sys
 from contextvars import ContextVar
 from typing import Any
@@ -44,6 +45,7 @@ class OutStream(io.TextIOBase):
         self._queue = queue
         self._parents = parents
         self._fallback = fallback  # the real sys.__stderr__ for writes from the io thread
+        self._pid = os.getpid()
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -60,15 +62,22 @@ class OutStream(io.TextIOBase):
         return False
 
     def fileno(self) -> int:
-        raise io.UnsupportedOperation("trikernel streams have no file descriptor")
+        """The kernel process's real descriptor (output written to it goes to
+        the kernel's terminal, not the notebook), so that faulthandler and
+        subprocess(stdout=sys.stdout) work."""
+        if self._fallback is None:
+            raise io.UnsupportedOperation("no file descriptor")
+        return int(self._fallback.fileno())
 
     def write(self, s: str) -> int:
         if not isinstance(s, str):
             raise TypeError(f"write() argument must be str, not {type(s).__name__}")
         if not s:
             return 0
-        if self._queue.in_io_thread or self._queue.closed:
-            # the io thread must never block on its own queue
+        if self._queue.in_io_thread or self._queue.closed or os.getpid() != self._pid:
+            # the io thread must never block on its own queue; a forked child
+            # has a copy of the queue that nothing drains (its output goes to
+            # the kernel's terminal instead of blocking forever)
             if self._fallback is not None:
                 self._fallback.write(s)
             return len(s)
@@ -92,6 +101,7 @@ class Publisher:
         self.signer = signer
         self.queue = queue
         self.parents = parents
+        self._pid = os.getpid()
 
     def send(
         self,
@@ -100,7 +110,17 @@ class Publisher:
         metadata: dict[str, Any] | None = None,
         buffers: tuple[bytes, ...] = (),
     ) -> None:
-        """Queue one message (blocks while the IOPub queue is full)."""
+        """Queue one message (blocks while the IOPub queue is full).
+
+        In a forked child nothing drains this queue: the message is reported
+        on the kernel's stderr and dropped instead of blocking the child.
+        """
+        if os.getpid() != self._pid:
+            print(
+                f"trikernel: {msg_type} from forked process {os.getpid()} cannot reach the notebook; dropped",
+                file=sys.__stderr__,
+            )
+            return
         msg = self.session.iopub(msg_type, content, self.parents.get(), metadata=metadata or {}, buffers=buffers)
         self.queue.put(msg, self.signer)
 

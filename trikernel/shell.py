@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import trio
 from IPython.core import page, payloadpage
 from IPython.core.autocall import ZMQExitAutocall
 from IPython.core.displayhook import DisplayHook
@@ -163,6 +164,7 @@ def create_shell(publisher: Publisher) -> TrikernelShell:
     shell.displayhook.publisher = publisher
     shell.display_pub.publisher = publisher
     shell.autoawait = True
+    shell.loop_runner = "trio"  # what %autoawait reports; cells are awaited in the user run
     shell._last_traceback = []
     return shell
 
@@ -198,6 +200,8 @@ async def execute(
     silent = bool(content.get("silent", False))
     store_history = bool(content.get("store_history", not silent))
     user_expressions = content.get("user_expressions") or {}
+    if not isinstance(user_expressions, dict):  # the spec's shape is {name: code}
+        user_expressions = {}
     allow_stdin = bool(content.get("allow_stdin", False))
     if not isinstance(code, str):
         code = str(code)
@@ -222,6 +226,15 @@ async def execute(
                 transformed_cell=transformed,
                 preprocessing_exc_tuple=preprocessing_exc_tuple,
             )
+            # An interrupt that came while the cell waited on something trio
+            # cannot abort (trio.to_thread.run_sync without
+            # abandon_on_cancel) is pending until the next checkpoint: take
+            # it here, as this cell's, not later as an "idle" interrupt.
+            try:
+                await trio.lowlevel.checkpoint()
+            except KeyboardInterrupt as exc:
+                shell.showtraceback()
+                result.error_in_exec = exc
         finally:
             shell.events.trigger("post_execute")
             if not silent:
@@ -318,7 +331,7 @@ def history(shell: TrikernelShell, content: dict[str, Any]) -> dict[str, Any]:
     raw = bool(content.get("raw", True))
     output = bool(content.get("output", False))
     if kind == "tail":
-        hist = hm.get_tail(int(content.get("n", 10)), raw=raw, output=output, include_latest=True)
+        hist = hm.get_tail(int(content.get("n") or 10), raw=raw, output=output, include_latest=True)
     elif kind == "range":
         hist = hm.get_range(
             int(content.get("session", 0)), int(content.get("start", 0)), content.get("stop"), raw=raw, output=output

@@ -7,6 +7,11 @@ it (the parent header is a context variable, inherited at spawn). An
 exception in it is shown as an IOPub ``error`` parented to that cell and
 does not cancel the loop or the kernel. Shutdown cancels these tasks
 (``finally`` blocks run).
+
+The tasks live in a nursery of their own, held open by :meth:`UserNursery.host`
+(a task of the kernel's user run). ``nursery.cancel_scope.cancel()`` — the
+trio way to stop everything a nursery runs — cancels those tasks; the host
+then opens a fresh nursery, and the kernel's loop is untouched.
 """
 
 from __future__ import annotations
@@ -26,11 +31,25 @@ class UserNursery:
     """A view of the kernel's user nursery that reports task errors."""
 
     def __init__(self, nursery: trio.Nursery, kernel: Any):
-        self._nursery = nursery
+        self._nursery = nursery  # until host() runs: the user run's own nursery
         self._kernel = kernel
+
+    async def host(self) -> None:
+        """Hold the user tasks' nursery open; reopen it after a user cancels it.
+
+        Runs for the kernel's life in the user run; kernel shutdown cancels
+        it (and so every user task) from outside.
+        """
+        while True:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await trio.sleep_forever()
+            # only a cancel of this nursery's own scope gets here
+            log.info("user nursery cancelled by user code; a fresh one is open")
 
     @property
     def cancel_scope(self) -> trio.CancelScope:
+        """Cancel it to stop every background task (a fresh nursery follows)."""
         return self._nursery.cancel_scope
 
     @property

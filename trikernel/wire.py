@@ -39,20 +39,29 @@ REPLAY_WINDOW = 65536
 
 _REQUIRED_HEADER = ("msg_id", "msg_type")
 
+
+def _stdlib_dumps(obj: Any) -> bytes:
+    """json.dumps, and lone surrogates (a non-UTF-8 filename decoded with
+    surrogateescape, say) become U+FFFD instead of an exception."""
+    text = json.dumps(obj, default=_json_default, ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
+
+
 try:  # orjson is ~5x faster for the small dicts of the hot path; optional.
     import orjson as _orjson
 
     def _dumps(obj: Any) -> bytes:
         try:
             return _orjson.dumps(obj, default=_json_default)
-        except TypeError:  # e.g. int dict keys, which json.dumps would turn into str
-            return _orjson.dumps(obj, default=_json_default, option=_orjson.OPT_NON_STR_KEYS)
+        except TypeError:  # int dict keys, lone surrogates, ...: the careful path
+            return _stdlib_dumps(obj)
 
 except ImportError:  # pragma: no cover - exercised when orjson is absent
     _orjson = None  # type: ignore[assignment]
-
-    def _dumps(obj: Any) -> bytes:
-        return json.dumps(obj, default=_json_default, ensure_ascii=False, allow_nan=False).encode()
+    _dumps = _stdlib_dumps
 
 
 def _json_default(obj: Any) -> Any:

@@ -1,0 +1,162 @@
+"""Regressions found by review: each was a real defect a user could hit."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from conftest import TIMEOUT, collect_outputs, execute, start_kernel, stdout_of, stop_kernel
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def result_text(out):
+    return [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"]
+
+
+def test_lone_surrogates_in_output_do_not_kill_the_kernel(kernel):
+    """A non-UTF-8 filename (surrogateescape) printed used to end the io run."""
+    km, kc = kernel
+    r, out = execute(kc, "print('caf\\udcff.txt')")
+    assert r["content"]["status"] == "ok"
+    assert stdout_of(out) == "caf\ufffd.txt\n"
+    r, out = execute(kc, "raise ValueError('bad \\udcff byte')")
+    assert r["content"]["ename"] == "ValueError"
+    assert [m["content"]["ename"] for m in out if m["msg_type"] == "error"] == ["ValueError"]
+    assert km.is_alive()
+
+
+def test_cancelling_the_user_nursery_keeps_the_kernel(kernel):
+    km, kc = kernel
+    execute(
+        kc,
+        "import trio\nstopped = []\n"
+        "async def forever():\n    try:\n        await trio.sleep_forever()\n    finally:\n        stopped.append(1)\n"
+        "nursery.start_soon(forever)\nawait trio.sleep(0.05)",
+    )
+    r, _ = execute(kc, "nursery.cancel_scope.cancel()\nawait trio.sleep(0.05)")
+    assert r["content"]["status"] == "ok"
+    r, out = execute(kc, "done = trio.Event()\nasync def again():\n    done.set()\nnursery.start_soon(again)\nawait done.wait()\nlen(stopped)")
+    assert r["content"]["status"] == "ok" and result_text(out) == ["1"]
+
+
+def test_control_answers_during_a_print_flood(jupyter_path):
+    """The iopub task used to run without a checkpoint while the queue stayed full."""
+    km, kc = start_kernel("trikernel-test-message")
+    try:
+        msg_id = kc.execute("while True:\n    print('x' * 100)")
+        time.sleep(1.0)  # the flood is on
+        t0 = time.monotonic()
+        ki = kc.session.msg("kernel_info_request")
+        kc.control_channel.send(ki)
+        while kc.get_control_msg(timeout=TIMEOUT)["parent_header"]["msg_id"] != ki["header"]["msg_id"]:
+            pass
+        assert time.monotonic() - t0 < 1.0
+        t0 = time.monotonic()
+        km.interrupt_kernel()  # interrupt_request on control (message mode)
+        while True:
+            r = kc.get_shell_msg(timeout=TIMEOUT)
+            if r["parent_header"].get("msg_id") == msg_id:
+                break
+        assert r["content"]["ename"] == "KeyboardInterrupt"
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        stop_kernel(km, kc)
+
+
+def test_user_logging_reaches_the_notebook(kernel):
+    km, kc = kernel
+    r, out = execute(kc, "import logging\nlogging.warning('from the root logger')\nlogging.getLogger('mylib').error('from mylib')")
+    err = stdout_of(out, "stderr")
+    assert "from the root logger" in err and "from mylib" in err
+    r, out = execute(kc, "logging.basicConfig(level=logging.INFO, force=True)\nlogging.info('configured by the user')")
+    assert "configured by the user" in stdout_of(out, "stderr")
+    execute(kc, "logging.basicConfig(force=True, handlers=[logging.NullHandler()])")
+
+
+def test_forked_children_do_not_block_on_the_kernels_queue(kernel):
+    km, kc = kernel
+    code = (
+        "import multiprocessing as mp, sys\n"
+        "def chatty(n):\n"
+        "    for i in range(n):\n"
+        "        print('o', i); print('e', i, file=sys.stderr)\n"
+        "    return n\n"
+        "with mp.get_context('fork').Pool(1) as p:\n"
+        "    n = p.apply_async(chatty, (3000,)).get(timeout=30)\n"
+        "n"
+    )
+    r, out = execute(kc, code, timeout=60)
+    assert r["content"]["status"] == "ok"
+    assert result_text(out) == ["3000"]
+
+
+def test_a_looping_comm_handler_can_be_interrupted(jupyter_path):
+    km, kc = start_kernel("trikernel-test-signal")
+    try:
+        execute(
+            kc,
+            "import comm\n"
+            "def target(c, msg):\n"
+            "    def spin(m):\n"
+            "        while True:\n"
+            "            pass\n"
+            "    c.on_msg(spin)\n"
+            "comm.get_comm_manager().register_target('spin', target)",
+        )
+        cid = uuid.uuid4().hex
+        op = kc.session.msg("comm_open", {"comm_id": cid, "target_name": "spin", "data": {}})
+        kc.shell_channel.send(op)
+        collect_outputs(kc, op["header"]["msg_id"])
+        m = kc.session.msg("comm_msg", {"comm_id": cid, "data": {}})
+        kc.shell_channel.send(m)
+        time.sleep(0.5)  # the handler spins now
+        km.interrupt_kernel()
+        collect_outputs(kc, m["header"]["msg_id"])  # the comm_msg's idle comes
+        r, out = execute(kc, "'alive'")
+        assert result_text(out) == ["'alive'"]
+    finally:
+        stop_kernel(km, kc)
+
+
+def test_interrupt_during_to_thread_is_the_cells(jupyter_path):
+    km, kc = start_kernel("trikernel-test-signal")
+    try:
+        msg_id = kc.execute("import time, trio\nawait trio.to_thread.run_sync(time.sleep, 2)\nprint('after the thread')")
+        while True:
+            m = kc.get_iopub_msg(timeout=TIMEOUT)
+            if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "execute_input":
+                break
+        time.sleep(0.5)
+        km.interrupt_kernel()
+        out = collect_outputs(kc, msg_id)
+        while True:
+            r = kc.get_shell_msg(timeout=TIMEOUT)
+            if r["parent_header"].get("msg_id") == msg_id:
+                break
+        assert r["content"]["ename"] == "KeyboardInterrupt"
+        assert any(x["msg_type"] == "error" for x in out)
+        r, out = execute(kc, "'next'")
+        assert result_text(out) == ["'next'"]
+    finally:
+        stop_kernel(km, kc)
+
+
+def test_streams_have_a_real_fileno(kernel):
+    km, kc = kernel
+    r, _ = execute(kc, "import faulthandler, subprocess, sys\nfaulthandler.enable()\nsubprocess.run(['true'], stdout=sys.stdout, check=True)")
+    assert r["content"]["status"] == "ok"
+
+
+def test_odd_but_harmless_request_fields(kernel):
+    km, kc = kernel
+    msg = kc.session.msg("execute_request", {"code": "1", "silent": False, "store_history": True,
+                                             "user_expressions": ["not", "a", "dict"], "allow_stdin": False})
+    kc.shell_channel.send(msg)
+    r = kc.get_shell_msg(timeout=TIMEOUT)
+    while r["parent_header"]["msg_id"] != msg["header"]["msg_id"]:
+        r = kc.get_shell_msg(timeout=TIMEOUT)
+    assert r["content"]["status"] == "ok"
+    kc.history(hist_access_type="tail", n=None)
+    assert kc.get_shell_msg(timeout=TIMEOUT)["content"]["status"] == "ok"
