@@ -21,6 +21,19 @@ from .iopub import IOPubQueue
 from .messages import Session
 from .wire import Signer
 
+
+class _ForkState:
+    """Whether this process is a fork of the kernel (no syscall per write)."""
+
+    forked = False
+
+
+def _mark_forked() -> None:
+    _ForkState.forked = True
+
+
+os.register_at_fork(after_in_child=_mark_forked)
+
 #: Parent header of the request whose code is running in this context.
 current_parent: ContextVar[dict[str, Any] | None] = ContextVar("trikernel_parent", default=None)
 
@@ -45,7 +58,6 @@ class OutStream(io.TextIOBase):
         self._queue = queue
         self._parents = parents
         self._fallback = fallback  # the real sys.__stderr__ for writes from the io thread
-        self._pid = os.getpid()
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -74,7 +86,7 @@ class OutStream(io.TextIOBase):
             raise TypeError(f"write() argument must be str, not {type(s).__name__}")
         if not s:
             return 0
-        if self._queue.in_io_thread or self._queue.closed or os.getpid() != self._pid:
+        if _ForkState.forked or self._queue.in_io_thread or self._queue.closed:
             # the io thread must never block on its own queue; a forked child
             # has a copy of the queue that nothing drains (its output goes to
             # the kernel's terminal instead of blocking forever)
@@ -101,7 +113,6 @@ class Publisher:
         self.signer = signer
         self.queue = queue
         self.parents = parents
-        self._pid = os.getpid()
 
     def send(
         self,
@@ -115,7 +126,7 @@ class Publisher:
         In a forked child nothing drains this queue: the message is reported
         on the kernel's stderr and dropped instead of blocking the child.
         """
-        if os.getpid() != self._pid:
+        if _ForkState.forked:
             print(
                 f"trikernel: {msg_type} from forked process {os.getpid()} cannot reach the notebook; dropped",
                 file=sys.__stderr__,
