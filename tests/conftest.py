@@ -92,11 +92,14 @@ def jupyter_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         os.environ["JUPYTER_PATH"] = old
 
 
-def start_kernel(kernel_name: str = "trikernel", **km_kwargs: Any) -> tuple[KernelManager, ValidatingClient]:
+def start_kernel(
+    kernel_name: str = "trikernel", *, stderr: Any = None, **km_kwargs: Any
+) -> tuple[KernelManager, ValidatingClient]:
+    """A ready kernel and a started ValidatingClient; ``stderr``: a file for the kernel log."""
     km = KernelManager(kernel_name=kernel_name, **km_kwargs)
     km.client_class = "conftest.ValidatingClient"
     km.client_factory = ValidatingClient
-    km.start_kernel()
+    km.start_kernel(stderr=stderr)
     kc = km.client()
     kc.start_channels()
     try:

@@ -35,7 +35,7 @@ from typing import Any
 import psutil
 import pytest
 import zmq
-from conftest import TIMEOUT, ValidatingClient, execute, make_kernelspec, stdout_of
+from conftest import TIMEOUT, ValidatingClient, execute, make_kernelspec, start_kernel, stdout_of
 from jupyter_client.manager import KernelManager
 from jupyter_client.session import Session
 
@@ -95,17 +95,10 @@ class Running:
 
 def launch(kernel_name: str, log_path: Path, **km_kwargs: Any) -> Running:
     """Start a kernel with its stderr (the kernel log) in ``log_path``."""
-    km = KernelManager(kernel_name=kernel_name, **km_kwargs)
-    km.client_class = "conftest.ValidatingClient"
-    km.client_factory = ValidatingClient
     f = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - the kernel writes to it until stop()
-    km.start_kernel(stderr=f)
-    kc = km.client()
-    kc.start_channels()
     try:
-        kc.wait_for_ready(timeout=TIMEOUT)
-    except RuntimeError:
-        km.shutdown_kernel(now=True)
+        km, kc = start_kernel(kernel_name, stderr=f, **km_kwargs)
+    except BaseException:
         f.close()
         raise
     return Running(km, kc, log_path, f)  # type: ignore[arg-type]
