@@ -160,3 +160,48 @@ def test_odd_but_harmless_request_fields(kernel):
     assert r["content"]["status"] == "ok"
     kc.history(hist_access_type="tail", n=None)
     assert kc.get_shell_msg(timeout=TIMEOUT)["content"]["status"] == "ok"
+
+
+def _stream_text_until(kc, needle: str, timeout: float = 15) -> str:
+    """All stream text read from IOPub until ``needle`` shows up (bounded wait)."""
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while needle not in seen and time.monotonic() < deadline:
+        try:
+            m = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        except Exception:
+            break
+        if m["msg_type"] == "stream":
+            seen += m["content"]["text"]
+    return seen
+
+
+def test_fd_level_output_reaches_the_notebook(kernel):
+    """subprocess, os.system and C-level writes go to fds 1/2, captured as in ipykernel."""
+    km, kc = kernel
+    kc.execute("import subprocess, os\nsubprocess.run(['echo', 'from a subprocess'], check=True)\nos.system('echo from os.system >&2')")
+    text = _stream_text_until(kc, "from os.system")
+    assert "from a subprocess" in text and "from os.system" in text
+
+
+def test_forked_child_output_reaches_the_notebook(kernel):
+    km, kc = kernel
+    kc.execute(
+        "import multiprocessing as mp\n"
+        "def hello():\n    print('hello from the child')\n"
+        "p = mp.get_context('fork').Process(target=hello); p.start(); p.join(10)"
+    )
+    assert "hello from the child" in _stream_text_until(kc, "hello from the child")
+
+
+def test_kernel_log_stays_out_of_the_notebook(tmp_path, jupyter_path):
+    """With fds captured, the kernel's own log still goes to its real stderr."""
+    err = open(tmp_path / "kernel.err", "w")
+    km, kc = start_kernel("trikernel-test-signal", stderr=err)
+    try:
+        r, out = execute(kc, "import logging\nlogging.getLogger('trikernel.test').warning('kernel-side line')")
+        assert "kernel-side line" not in stdout_of(out, "stderr")
+    finally:
+        stop_kernel(km, kc)
+        err.close()
+    assert "kernel-side line" in (tmp_path / "kernel.err").read_text()

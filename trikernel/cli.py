@@ -77,6 +77,13 @@ def _run_parser() -> argparse.ArgumentParser:
         help="seconds user code gets to stop at shutdown (default %(default)s)",
     )
     p.add_argument(
+        "--no-capture-fd",
+        dest="capture_fds",
+        action="store_false",
+        help="leave file descriptors 1 and 2 alone: output of subprocesses and C code then goes to the "
+        "kernel's terminal instead of the notebook",
+    )
+    p.add_argument(
         "--write-connection-file",
         metavar="PATH",
         help="after start-up (and the handshake), write a connection file here",
@@ -166,6 +173,7 @@ def _run(argv: list[str]) -> int:
             stream_batch_bytes=args.stream_batch_bytes,
             handshake_timeout=args.handshake_timeout,
             shutdown_grace=args.shutdown_grace,
+            capture_fds=args.capture_fds,
         )
         options = sockopts.resolve(args.socket_options or [], os.environ, args.config)
         raw = load_json_file(args.connection_file)

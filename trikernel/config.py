@@ -183,6 +183,7 @@ class KernelConfig:
     - ``handshake_timeout``: seconds to wait for the JEP 66 acknowledgement.
     - ``shutdown_grace``: seconds the kernel waits for user code at shutdown.
     - ``parent_poll_interval``: seconds between checks that the launcher lives.
+    - ``capture_fds``: capture file descriptors 1 and 2 into the notebook.
     """
 
     iopub_capacity: int = 1000
@@ -192,6 +193,7 @@ class KernelConfig:
     handshake_timeout: float = 5.0
     shutdown_grace: float = 3.0
     parent_poll_interval: float = 1.0
+    capture_fds: bool = True
 
     def __post_init__(self) -> None:
         if self.iopub_capacity < 1:

@@ -191,7 +191,7 @@ class Kernel:
         from . import magics
 
         magics.register(self.shell, self)
-        outstream.install(self.iopub_queue, self.parents)
+        outstream.install(self.iopub_queue, self.parents, capture_fds=self.config.capture_fds)
 
     def _on_user_ready(self) -> None:
         assert self._io_token is not None and self._user_ready is not None

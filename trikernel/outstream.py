@@ -11,9 +11,13 @@ full (backpressure).
 
 from __future__ import annotations
 
+import codecs
 import io
+import logging
 import os
+import signal
 import sys
+import threading
 from contextvars import ContextVar
 from typing import Any
 
@@ -57,7 +61,8 @@ class OutStream(io.TextIOBase):
         self.name_ = name
         self._queue = queue
         self._parents = parents
-        self._fallback = fallback  # the real sys.__stderr__ for writes from the io thread
+        self._fallback = fallback  # the kernel's real terminal stream (io-thread writes, fileno)
+        self._fd = 1 if name == "stdout" else 2
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -86,10 +91,14 @@ class OutStream(io.TextIOBase):
             raise TypeError(f"write() argument must be str, not {type(s).__name__}")
         if not s:
             return 0
-        if _ForkState.forked or self._queue.in_io_thread or self._queue.closed:
-            # the io thread must never block on its own queue; a forked child
-            # has a copy of the queue that nothing drains (its output goes to
-            # the kernel's terminal instead of blocking forever)
+        if _ForkState.forked:
+            # A forked child has a copy of the queue that nothing drains. It
+            # writes to fd 1/2 instead: with fd capture on, that is the pipe
+            # the kernel reads, so the text still reaches the notebook.
+            os.write(self._fd, s.encode("utf-8", "replace"))
+            return len(s)
+        if self._queue.in_io_thread or self._queue.closed:
+            # the io thread must never block on its own queue
             if self._fallback is not None:
                 self._fallback.write(s)
             return len(s)
@@ -136,6 +145,55 @@ class Publisher:
         self.queue.put(msg, self.signer)
 
 
-def install(queue: IOPubQueue, parents: ParentTracker) -> None:
-    sys.stdout = OutStream("stdout", queue, parents, sys.__stdout__)
-    sys.stderr = OutStream("stderr", queue, parents, sys.__stderr__)
+def install(queue: IOPubQueue, parents: ParentTracker, *, capture_fds: bool = True) -> None:
+    """Replace sys.stdout/sys.stderr; with ``capture_fds``, also capture
+    file descriptors 1 and 2 (subprocesses, ``os.system``, C code, forked
+    children) into the same streams, as ipykernel does.
+
+    The kernel's own log and the streams' ``fileno()`` then use saved
+    duplicates of the original descriptors (the kernel's terminal).
+    """
+    real_out, real_err = sys.__stdout__, sys.__stderr__
+    if capture_fds:
+        real_out = _capture_fd(1)
+        real_err = _capture_fd(2)
+        for handler in logging.getLogger("trikernel").handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is sys.__stderr__:
+                handler.setStream(real_err)
+    sys.stdout = OutStream("stdout", queue, parents, real_out)
+    sys.stderr = OutStream("stderr", queue, parents, real_err)
+    if capture_fds:
+        _start_pump(1, sys.stdout)
+        _start_pump(2, sys.stderr)
+
+
+_PIPES: dict[int, int] = {}  # captured fd -> read end of its pipe
+
+
+def _capture_fd(fd: int) -> Any:
+    """Point ``fd`` at a new pipe; return a text stream on a dup of the old target."""
+    saved = os.dup(fd)
+    r, w = os.pipe()
+    os.dup2(w, fd)
+    os.close(w)
+    _PIPES[fd] = r
+    return os.fdopen(saved, "w", buffering=1, encoding="utf-8", errors="replace")
+
+
+def _start_pump(fd: int, stream: OutStream) -> None:
+    def pump() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # SIGINT is the main thread's
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        r = _PIPES[fd]
+        while True:
+            try:
+                data = os.read(r, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            text = decoder.decode(data)
+            if text:
+                stream.write(text)  # parent: the latest execute request (no context here)
+
+    threading.Thread(target=pump, name=f"trikernel-fd{fd}", daemon=True).start()
