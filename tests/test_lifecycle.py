@@ -365,3 +365,16 @@ def test_pip_installed_kernelspec_is_listed():
     assert "trikernel" in specs
     spec = json.loads(open(os.path.join(specs["trikernel"], "kernel.json")).read())
     assert spec["argv"][1:3] == ["-m", "trikernel"]
+
+
+def test_deprecated_shutdown_on_shell_is_answered_on_shell(jupyter_path):
+    km, kc = start_kernel("trikernel-test-signal")
+    proc = km.provisioner.process
+    msg = kc.session.msg("shutdown_request", {"restart": False})
+    kc.shell_channel.send(msg)
+    reply = kc.get_shell_msg(timeout=TIMEOUT)
+    assert reply["parent_header"]["msg_id"] == msg["header"]["msg_id"]
+    assert reply["content"] == {"status": "ok", "restart": False}
+    assert proc.wait(timeout=15) == 0
+    kc.stop_channels()
+    km.cleanup_resources()

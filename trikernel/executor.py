@@ -85,7 +85,6 @@ class Executor:
 
     def __init__(self) -> None:
         self.token: trio.lowlevel.TrioToken | None = None
-        self.ready = threading.Event()
         self.stopped = threading.Event()
         self.nursery: trio.Nursery | None = None
         self._send: trio.MemorySendChannel[Job | _Stop] | None = None
@@ -141,7 +140,6 @@ class Executor:
                 setup(nursery)
                 self._send = send
                 self.token = trio.lowlevel.current_trio_token()
-                self.ready.set()
                 on_ready()
                 await self._loop(recv)
                 nursery.cancel_scope.cancel()

@@ -307,8 +307,9 @@ def _send_frames(sock: zmq.Socket, frames: list[bytes]) -> None:
 
 
 class _RateLimitedWarning:
-    def __init__(self, what: str):
-        self.what = what
+    """Log a warning at most every WARN_INTERVAL seconds, counting the rest."""
+
+    def __init__(self) -> None:
         self.last = -1e9
         self.suppressed = 0
 
@@ -353,8 +354,8 @@ class IOPubPublisher:
         #: drops for full subscribers itself and no send ever waits.
         self.nodrop = nodrop
         self.degraded = False
-        self._warn_wait = _RateLimitedWarning("wait")
-        self._warn_drop = _RateLimitedWarning("drop")
+        self._warn_wait = _RateLimitedWarning()
+        self._warn_drop = _RateLimitedWarning()
         self._last_stream = 0.0
         self._welcomes: deque[list[bytes]] = deque(maxlen=WELCOME_BACKLOG)
         self._sub_waiter: trio.CancelScope | None = None

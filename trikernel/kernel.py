@@ -116,7 +116,6 @@ class Kernel:
         self._shutdown: trio.Event | None = None
         self._asock: dict[str, TrioSocket] = {}
         self._pending_input: _InputSlot | None = None
-        self._abort_until_empty = False
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
@@ -344,20 +343,22 @@ class Kernel:
                 continue
             await self._handle_control(msg)
 
-    async def _handle_control(self, msg: Message) -> None:
+    async def _handle_control(self, msg: Message, channel: str = "control") -> None:
+        """kernel_info, shutdown, interrupt; the reply goes back on ``channel``
+        (control, or shell for the deprecated shell forms)."""
         t = msg.msg_type
         if t == "kernel_info_request":
-            await self._bracket("control", msg, lambda: kernel_info_content())
+            await self._bracket(channel, msg, lambda: kernel_info_content())
         elif t == "shutdown_request":
             restart = bool(msg.content.get("restart", False))
-            await self._bracket("control", msg, lambda: {"status": "ok", "restart": restart})
+            await self._bracket(channel, msg, lambda: {"status": "ok", "restart": restart})
             assert self._shutdown is not None
             self._shutdown.set()
         elif t == "interrupt_request":
             self.interrupt()
-            await self._bracket("control", msg, lambda: {"status": "ok"})
+            await self._bracket(channel, msg, lambda: {"status": "ok"})
         else:
-            log.warning("control: dropped unknown message type %r", t)
+            log.warning("%s: dropped unknown message type %r", channel, t)
 
     async def _bracket(self, channel: str, msg: Message, content: Callable[[], dict[str, Any]]) -> None:
         await self._status("busy", msg)
@@ -385,15 +386,9 @@ class Kernel:
                     await limiter.acquire_on_behalf_of(borrower)
                     nursery.start_soon(self._concurrent, msg, limiter, borrower)
                 elif t in ("kernel_info_request", "shutdown_request", "interrupt_request"):
-                    await self._handle_control_on("shell", msg)
+                    await self._handle_control(msg, "shell")
                 else:
                     log.warning("shell: dropped unknown message type %r", t)
-
-    async def _handle_control_on(self, channel: str, msg: Message) -> None:
-        if msg.msg_type == "kernel_info_request":
-            await self._bracket(channel, msg, lambda: kernel_info_content())
-        else:  # deprecated on shell, still honoured
-            await self._handle_control(msg)
 
     async def _concurrent(self, msg: Message, limiter: trio.CapacityLimiter, borrower: object) -> None:
         try:

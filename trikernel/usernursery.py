@@ -22,8 +22,6 @@ from typing import Any
 
 import trio
 
-from . import outstream
-
 log = logging.getLogger("trikernel.usernursery")
 
 
@@ -124,7 +122,3 @@ class _Status:
     def started(self, value: Any = None) -> None:
         self.done = True
         self.inner.started(value)
-
-
-def current_parent() -> dict[str, Any] | None:
-    return outstream.current_parent.get()
