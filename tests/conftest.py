@@ -61,6 +61,21 @@ class ValidatingClient(BlockingKernelClient):
         return self._check(super().get_stdin_msg(*a, **kw))
 
 
+def install_kernelspec(prefix: Any, name: str, *flags: str) -> str:
+    """``python -m trikernel install --prefix PREFIX --name NAME FLAGS...`` as a
+    user would run it; returns the JUPYTER_PATH entry that holds the spec."""
+    import subprocess
+
+    r = subprocess.run(
+        [sys.executable, "-m", "trikernel", "install", "--prefix", str(prefix), "--name", name, *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    return os.path.join(str(prefix), "share", "jupyter")
+
+
 def make_kernelspec(root: str, name: str, *, interrupt_mode: str = "signal", extra_argv: list[str] | None = None) -> str:
     d = os.path.join(root, "kernels", name)
     os.makedirs(d, exist_ok=True)

@@ -17,7 +17,7 @@ import time
 import warnings
 
 import pytest
-from conftest import TIMEOUT, execute, make_kernelspec
+from conftest import TIMEOUT, execute, install_kernelspec, make_kernelspec
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -27,15 +27,7 @@ PER_PROCESS = 10
 
 @pytest.fixture(scope="module")
 def specs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("crowd-specs")
-    r = subprocess.run(
-        [sys.executable, "-m", "trikernel", "install", "--prefix", str(root), "--name", "tk-handshake", "--handshake"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 0, r.stderr
-    jp = str(root / "share" / "jupyter")
+    jp = install_kernelspec(tmp_path_factory.mktemp("crowd-specs"), "tk-handshake", "--handshake")
     make_kernelspec(jp, "tk-classic")
     return jp
 

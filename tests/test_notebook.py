@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import nbformat
 import pytest
-from conftest import which
+from conftest import install_kernelspec, which
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -48,13 +47,5 @@ def test_tour_runs_with_jupyter_execute(tmp_path):
 
 
 def test_tour_runs_through_the_handshake_provisioner(tmp_path):
-    prefix = tmp_path / "prefix"
-    r = subprocess.run(
-        [sys.executable, "-m", "trikernel", "install", "--prefix", str(prefix), "--name", "trikernel-hs", "--handshake"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 0, r.stderr
-    env = dict(os.environ, JUPYTER_PATH=str(prefix / "share" / "jupyter"))
+    env = dict(os.environ, JUPYTER_PATH=install_kernelspec(tmp_path / "prefix", "trikernel-hs", "--handshake"))
     _check(_run("trikernel-hs", str(tmp_path / "out.ipynb"), env=env))
