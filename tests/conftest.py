@@ -161,6 +161,17 @@ def execute(kc: BlockingKernelClient, code: str, timeout: float = TIMEOUT, **kw:
     return reply, outputs
 
 
+def wait_for_marker(kc: BlockingKernelClient, msg_id: str, marker: str = "STARTED", timeout: float = TIMEOUT) -> None:
+    """Wait until the cell ``msg_id`` has printed ``marker``: the event that says
+    its code is past that print (e.g. about to block)."""
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while marker not in seen:
+        m = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream":
+            seen += m["content"]["text"]
+
+
 def stdout_of(outputs: list[dict[str, Any]], name: str = "stdout") -> str:
     return "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == name)
 

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 import zmq
-from conftest import TIMEOUT, collect_outputs, execute, start_kernel, stop_kernel
+from conftest import TIMEOUT, collect_outputs, execute, start_kernel, stop_kernel, wait_for_marker
 from jupyter_client.session import Session
 
 pytestmark = pytest.mark.timeout(120)
@@ -37,8 +37,8 @@ def any_mode_kernel(request, jupyter_path):
 
 
 CASES = {
-    "sleep": "import time\ntime.sleep(100)",
-    "busy-loop": "n = 0\nwhile True:\n    n += 1",
+    "sleep": "import time\nprint('STARTED', flush=True)\ntime.sleep(100)",
+    "busy-loop": "n = 0\nprint('STARTED', flush=True)\nwhile True:\n    n += 1",
 }
 
 
@@ -46,12 +46,7 @@ CASES = {
 def test_interrupt_breaks_blocking_code(any_mode_kernel, case):
     km, kc = any_mode_kernel
     msg_id = kc.execute(CASES[case])
-    # wait until the cell really runs (execute_input is published by the running job)
-    while True:
-        m = kc.get_iopub_msg(timeout=TIMEOUT)
-        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "execute_input":
-            break
-    time.sleep(0.3)  # let it enter the blocking call; no event marks "now inside sleep()"
+    wait_for_marker(kc, msg_id)  # the cell printed, so it is at (or in) its blocking call
     t0 = time.monotonic()
     km.interrupt_kernel()
     reply = _wait_reply(kc, msg_id)

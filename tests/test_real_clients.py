@@ -15,20 +15,20 @@ import uuid
 
 import pytest
 import zmq
-from conftest import TIMEOUT, execute, which
+from conftest import TIMEOUT, wait_for_marker, which
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def test_heartbeat_answers_while_user_code_holds_the_gil(kernel):
     km, kc = kernel
-    msg_id = kc.execute("import time\nt = time.time()\nwhile time.time() - t < 3:\n    pass")
+    msg_id = kc.execute("import time\nprint('STARTED', flush=True)\nt = time.time()\nwhile time.time() - t < 3:\n    pass")
     ctx = zmq.Context()
     try:
         hb = ctx.socket(zmq.REQ)
         hb.linger = 0
         hb.connect(f"tcp://127.0.0.1:{km.hb_port}")
-        time.sleep(0.5)  # the busy loop is running by now (3 s long)
+        wait_for_marker(kc, msg_id)  # the busy loop is running (for 3 s)
         rtts = []
         for _ in range(5):
             t0 = time.monotonic()

@@ -6,7 +6,7 @@ import time
 import uuid
 
 import pytest
-from conftest import TIMEOUT, collect_outputs, execute, start_kernel, stdout_of, stop_kernel
+from conftest import TIMEOUT, collect_outputs, execute, start_kernel, stdout_of, stop_kernel, wait_for_marker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,8 +45,8 @@ def test_control_answers_during_a_print_flood(jupyter_path):
     """The iopub task used to run without a checkpoint while the queue stayed full."""
     km, kc = start_kernel("trikernel-test-message")
     try:
-        msg_id = kc.execute("while True:\n    print('x' * 100)")
-        time.sleep(1.0)  # the flood is on
+        msg_id = kc.execute("while True:\n    print('STARTED' + 'x' * 100)")
+        wait_for_marker(kc, msg_id)  # the flood is on
         t0 = time.monotonic()
         ki = kc.session.msg("kernel_info_request")
         kc.control_channel.send(ki)
@@ -100,6 +100,7 @@ def test_a_looping_comm_handler_can_be_interrupted(jupyter_path):
             "import comm\n"
             "def target(c, msg):\n"
             "    def spin(m):\n"
+            "        print('STARTED', flush=True)\n"
             "        while True:\n"
             "            pass\n"
             "    c.on_msg(spin)\n"
@@ -111,7 +112,7 @@ def test_a_looping_comm_handler_can_be_interrupted(jupyter_path):
         collect_outputs(kc, op["header"]["msg_id"])
         m = kc.session.msg("comm_msg", {"comm_id": cid, "data": {}})
         kc.shell_channel.send(m)
-        time.sleep(0.5)  # the handler spins now
+        wait_for_marker(kc, m["header"]["msg_id"])  # the handler spins now
         km.interrupt_kernel()
         collect_outputs(kc, m["header"]["msg_id"])  # the comm_msg's idle comes
         r, out = execute(kc, "'alive'")
@@ -123,12 +124,11 @@ def test_a_looping_comm_handler_can_be_interrupted(jupyter_path):
 def test_interrupt_during_to_thread_is_the_cells(jupyter_path):
     km, kc = start_kernel("trikernel-test-signal")
     try:
-        msg_id = kc.execute("import time, trio\nawait trio.to_thread.run_sync(time.sleep, 2)\nprint('after the thread')")
-        while True:
-            m = kc.get_iopub_msg(timeout=TIMEOUT)
-            if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "execute_input":
-                break
-        time.sleep(0.5)
+        msg_id = kc.execute(
+            "import time, trio\nprint('STARTED', flush=True)\n"
+            "await trio.to_thread.run_sync(time.sleep, 2)\nprint('after the thread')"
+        )
+        wait_for_marker(kc, msg_id)
         km.interrupt_kernel()
         out = collect_outputs(kc, msg_id)
         while True:
