@@ -190,14 +190,14 @@ class IOPubQueue:
                 self._woken_from_thread = True
                 self._io_token.run_sync_soon(ev.set)
 
-    def put(self, frames_or_msg: Message, signer: Signer) -> None:
+    def put(self, msg: Message, signer: Signer) -> None:
         """Queue a message from any thread except the io thread; blocks when full."""
-        frames = serialize(frames_or_msg, signer)
+        frames = serialize(msg, signer)
         if self.in_io_thread:
             raise RuntimeError("IOPubQueue.put from the io thread; use aput")
         with self._lock:
             self._take_credit_locked()
-            self._append_locked((frames_or_msg.msg_type, frames))
+            self._append_locked((msg.msg_type, frames))
 
     async def aput(self, msg: Message, signer: Signer) -> None:
         """Queue a message from a task of the io run; waits when full.
