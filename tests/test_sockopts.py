@@ -179,7 +179,7 @@ def test_every_option_value_range(name: str) -> None:
         ("iopub=SNDHWM=1", ["bad socket option", "CHANNEL.NAME=VALUE"]),
         ("", ["bad socket option"]),
         # unknown channel
-        ("shel.SNDHWM=1", ["shel.SNDHWM=1", "unknown channel 'shel'", "shell, control, stdin, iopub, hb or *"]),
+        ("shel.SNDHWM=1", ["shel.SNDHWM=1", "unknown channel 'shel'", "shell, iopub, stdin, control, hb or *"]),
         ("heartbeat.LINGER=1", ["unknown channel 'heartbeat'"]),
         # unknown option, with a suggestion and the allowed list
         (
@@ -202,7 +202,7 @@ def test_every_option_value_range(name: str) -> None:
         ("hb.XPUB_NODROP=0", ["not to hb (a ROUTER socket)"]),
         (
             "iopub.ROUTER_HANDOVER=1",
-            ["applies only to ROUTER channels (shell, control, stdin, hb)", "not to iopub (a XPUB socket)"],
+            ["applies only to ROUTER channels (shell, stdin, control, hb)", "not to iopub (a XPUB socket)"],
         ),
         ("*.XPUB_NODROP=0", ["*.XPUB_NODROP=0", "not to all five channels (*)", "iopub.XPUB_NODROP="]),
         ("*.ROUTER_HANDOVER=0", ["not to all five channels (*)", "shell.ROUTER_HANDOVER="]),

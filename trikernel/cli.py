@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .channels import PORT_FIELDS
 from .config import KernelConfig, load_json_file, parse_connection, write_json_atomic
 from .errors import ConfigError, HandshakeError, TrikernelError
 
@@ -186,7 +187,7 @@ def _run(argv: list[str]) -> int:
                 {
                     **raw,
                     "ip": handshake.bind_ip(raw),
-                    **{k: 0 for k in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")},
+                    **dict.fromkeys(PORT_FIELDS, 0),
                 },
                 require_ports=False,
             )

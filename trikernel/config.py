@@ -12,12 +12,11 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .channels import CHANNELS, PORT_FIELDS
 from .errors import ConfigError
 from .wire import Signer
 
-#: The five channels, in the order the spec lists their ports.
-CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
-PORT_FIELDS = tuple(f"{c}_port" for c in CHANNELS)
+__all__ = ["CHANNELS", "PORT_FIELDS", "ConnectionInfo", "KernelConfig", "parse_connection"]
 
 
 @dataclass(frozen=True, slots=True)

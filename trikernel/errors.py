@@ -5,6 +5,9 @@
 - ``ConfigError``: a bad option, connection file or kernelspec. Stops start-up
   with a message naming the field.
 - ``HandshakeError``: the JEP 66 registration failed (no ack, bad ack).
+- ``BindError``: a port could not be bound on this host.
+- ``JobInterrupted``, ``KernelShuttingDown``: how a job in the user run
+  ended, as seen from the io run (kernel-internal).
 """
 
 from __future__ import annotations
@@ -31,3 +34,21 @@ class ConfigError(TrikernelError):
 
 class HandshakeError(TrikernelError):
     """JEP 66 registration with the launcher failed (timeout, bad reply)."""
+
+
+class BindError(TrikernelError):
+    """A channel's port could not be bound (already in use, bad address).
+
+    Local fault of this host: start-up stops (exit code 1) with one line
+    naming the channel and the address.
+    """
+
+
+class JobInterrupted(TrikernelError):
+    """A job in the user run ended with KeyboardInterrupt (an interrupted
+    comm handler, say); raised in the io run instead of the interrupt,
+    which would end that run."""
+
+
+class KernelShuttingDown(TrikernelError):
+    """A job was submitted to, or cancelled in, a user run that is stopping."""

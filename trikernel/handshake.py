@@ -39,13 +39,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from .channels import PORT_FIELDS
 from .errors import ConfigError, HandshakeError, ProtocolError
 from .wire import DELIM, Message, Signer, deserialize, dumps, loads, new_header, serialize, split_identities
 
 log = logging.getLogger("trikernel.handshake")
 
-#: The five channel port names, in the order the spec lists them.
-PORT_NAMES: tuple[str, ...] = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+#: The five channel port names, in the order the spec lists them (channels.py).
+PORT_NAMES: tuple[str, ...] = PORT_FIELDS
 #: Seconds the kernel waits for the launcher's acknowledgement by default.
 DEFAULT_TIMEOUT = 5.0
 #: Address the kernel binds when the registration file names none.

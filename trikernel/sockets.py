@@ -21,25 +21,17 @@ from typing import Any
 
 import zmq
 
-from .config import CHANNELS, ConnectionInfo
-from .errors import ConfigError, TrikernelError
+from .channels import CHANNELS, SOCKET_TYPE_NAMES
+from .config import ConnectionInfo
+from .errors import BindError, ConfigError
 
 log = logging.getLogger("trikernel.sockets")
 
-SOCKET_TYPES = {
-    "shell": zmq.ROUTER,
-    "control": zmq.ROUTER,
-    "stdin": zmq.ROUTER,
-    "iopub": zmq.XPUB,
-    "hb": zmq.ROUTER,
-}
+#: pyzmq socket type of each channel (names in channels.py).
+SOCKET_TYPES: dict[str, int] = {c: int(getattr(zmq, t)) for c, t in SOCKET_TYPE_NAMES.items()}
 
 #: Called with (socket, channel) before bind; applies configured options.
 Configure = Callable[[zmq.Socket, str], None]
-
-
-class BindError(TrikernelError):
-    """A port could not be bound (e.g. already in use). Local to this host."""
 
 
 @dataclass

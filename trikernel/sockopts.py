@@ -51,7 +51,9 @@ from typing import Any, Literal
 
 import zmq
 
+from .channels import CHANNELS
 from .errors import ConfigError
+from .sockets import SOCKET_TYPES
 
 __all__ = [
     "ALL_CHANNELS",
@@ -78,18 +80,10 @@ log = logging.getLogger("trikernel.sockopts")
 #: for string options (what ``zmq.Socket.setsockopt`` takes).
 OptionValue = int | bytes
 
-#: The five kernel channels, in the order used for output and logging.
-CHANNELS: tuple[str, ...] = ("shell", "control", "stdin", "iopub", "hb")
 #: The channel wildcard: the option is set on all five channels.
 ALL_CHANNELS = "*"
-#: Socket type of each channel (zmq socket-type constants).
-CHANNEL_SOCKET_TYPES: Mapping[str, int] = {
-    "shell": zmq.ROUTER,
-    "control": zmq.ROUTER,
-    "stdin": zmq.ROUTER,
-    "iopub": zmq.XPUB,
-    "hb": zmq.ROUTER,
-}
+#: Socket type of each channel (zmq socket-type constants; channels.py).
+CHANNEL_SOCKET_TYPES: Mapping[str, int] = SOCKET_TYPES
 #: Environment variable holding specs separated by whitespace or ``;``.
 ENV_VAR = "TRIKERNEL_SOCKET_OPTIONS"
 #: Name of the TOML table read from the ``--config`` file.
@@ -850,7 +844,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CHANNEL.NAME=VALUE",
         help=(
             "set a ZeroMQ socket option before bind, e.g. iopub.SNDHWM=10000 or "
-            "*.TCP_KEEPALIVE=1; CHANNEL is shell, control, stdin, iopub, hb or *; "
+            f"*.TCP_KEEPALIVE=1; CHANNEL is {', '.join(CHANNELS)} or *; "
             f"repeatable; beats ${ENV_VAR} and --config (see docs/socket-options.md)"
         ),
     )
