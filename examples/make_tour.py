@@ -61,7 +61,11 @@ cells = [
         "    while ticks < n:\n"
         "        await trio.sleep(0.05)\n"
         "        ticks += 1\n"
-        "        print(f'tick {ticks}')  # goes to this cell, even when printed later\n"
+        "        # parented to this cell even when printed after it returned: a live\n"
+        "        # frontend (JupyterLab) shows the ticks here; nbclient and\n"
+        "        # `jupyter execute` stop listening at idle, so the saved notebook\n"
+        "        # shows only what arrived before (see the next cell)\n"
+        "        print(f'tick {ticks}')\n"
         "        if ticks == 3:\n"
         "            third_tick.set()\n"
         "\n"
@@ -71,7 +75,7 @@ cells = [
     new_code_cell(
         "with trio.fail_after(5):\n"
         "    await third_tick.wait()  # set by the background task\n"
-        "print('the ticker reached', ticks)"
+        "print('meanwhile the background ticker reached', ticks)"
     ),
     new_code_cell(
         "results = {}\n"
