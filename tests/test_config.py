@@ -53,12 +53,11 @@ def test_bad_fields_are_named(change, field):
         parse_connection(d)
 
 
-def test_missing_port_named_unless_registration():
+def test_missing_port_means_random():
+    """docs/handshake.md, mode B: a missing *_port is bound at random, as 0 is."""
     d = dict(GOOD)
     del d["control_port"]
-    with pytest.raises(ConfigError, match="control_port"):
-        parse_connection(d)
-    assert parse_connection(d, require_ports=False).control_port == 0
+    assert parse_connection(d).control_port == 0
 
 
 def test_atomic_write_is_0600_and_round_trips(tmp_path):

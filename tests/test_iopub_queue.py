@@ -1,10 +1,10 @@
-"""Tier 2: IOPubQueue + IOPubPublisher on real ZeroMQ sockets, in-process.
+"""Tier 2: IOPubQueue + IOPubTask on real ZeroMQ sockets, in-process.
 
 A real XPUB bound on loopback (options set before bind, as sockets.py does)
 and real SUB subscribers in the same process; the publisher runs in a trio
 run in the test thread, producers are the test thread (before the run
-starts), threads (``IOPubQueue.put``/``write_stream``) or io-run tasks
-(``aput``). No kernel subprocess, no IPython.
+starts), threads (``IOPubQueue.send_from_thread``/``write_stream``) or io-run tasks
+(``send``). No kernel subprocess, no IPython.
 
 Covered: stream coalescing and what seals a batch (other message, other
 stream, new parent, size), FIFO order across producers, backpressure
@@ -29,8 +29,8 @@ import pytest
 import trio
 import zmq
 
-from trikernel.iopub import IO_OVERDRAFT, IOPubPublisher, IOPubQueue, IOPubStats
-from trikernel.messages import Session
+from trikernel.iopub import IO_OVERDRAFT, IOPubTask, IOPubQueue, IOPubStats
+from trikernel.messages import MessageBuilder as Session
 from trikernel.wire import Message, Signer, deserialize
 
 pytestmark = pytest.mark.timeout(60)
@@ -46,7 +46,7 @@ class Rig:
     xpub: zmq.Socket
     url: str
     queue: IOPubQueue
-    publisher: IOPubPublisher
+    publisher: IOPubTask
     session: Session
     signer: Signer
     stats: IOPubStats
@@ -87,7 +87,7 @@ class Rig:
 def make_rig(
     *,
     capacity: int = 1000,
-    stream_batch_bytes: int = 1 << 16,
+    stream_batch_chars: int = 1 << 16,
     sndhwm: int = 1000,
     send_timeout: float = 10.0,
     warn_after: float = 1.0,
@@ -104,10 +104,10 @@ def make_rig(
         x.sndbuf = sndbuf
     port = x.bind_to_random_port("tcp://127.0.0.1")
     stats = IOPubStats()
-    q = IOPubQueue(capacity, stream_batch_bytes, stats)
-    session = Session()
     signer = Signer(KEY)
-    pub = IOPubPublisher(x, q, session, signer, send_timeout=send_timeout, warn_after=warn_after)
+    q = IOPubQueue(capacity, stream_batch_chars, stats, signer)
+    session = Session()
+    pub = IOPubTask(x, q, session, send_timeout=send_timeout, warn_after=warn_after)
     return Rig(ctx, x, f"tcp://127.0.0.1:{port}", q, pub, session, signer, stats)
 
 
@@ -194,13 +194,13 @@ def test_coalescing_and_what_seals_a_batch(rig_factory: Any) -> None:
     # queued before the publisher runs: nothing leaves yet, batches stay open
     q.write_stream("stdout", "a", p1)
     q.write_stream("stdout", "b", p1)  # same stream, same parent: coalesced
-    q.put(rig.display(1, p1), rig.signer)  # any other message seals
+    q.send_from_thread(rig.display(1, p1))  # any other message seals
     q.write_stream("stdout", "c", p1)
     q.write_stream("stderr", "d", p1)  # another stream seals stdout
     q.write_stream("stdout", "e", p1)
     q.write_stream("stdout", "f", p2)  # new parent seals
     q.write_stream("stdout", "g", p2)
-    q.put(rig.msg("status", {"execution_state": "idle"}, p2), rig.signer)
+    q.send_from_thread(rig.msg("status", {"execution_state": "idle"}, p2))
 
     async def main() -> None:
         r = Reader(sub)
@@ -221,13 +221,13 @@ def test_coalescing_and_what_seals_a_batch(rig_factory: Any) -> None:
 
 
 def test_batch_sealed_by_size_text_intact(rig_factory: Any) -> None:
-    rig = rig_factory(stream_batch_bytes=1024)
+    rig = rig_factory(stream_batch_chars=1024)
     sub = rig.subscriber()
     rig.wait_subscribed()
     parts = [f"{i:04d}" + "x" * 95 + "\n" for i in range(100)]  # 100 chars each
     for p in parts:
         rig.queue.write_stream("stdout", p, {"msg_id": "p"})
-    rig.queue.put(rig.msg("status", {"execution_state": "idle"}), rig.signer)
+    rig.queue.send_from_thread(rig.msg("status", {"execution_state": "idle"}))
 
     async def main() -> None:
         r = Reader(sub)
@@ -252,7 +252,7 @@ def test_thread_flood_is_coalesced_in_order(rig_factory: Any) -> None:
         for i in range(n_lines):
             rig.queue.write_stream("stdout", f"{i}", {"msg_id": "p"})
             rig.queue.write_stream("stdout", "\n", {"msg_id": "p"})
-        rig.queue.put(rig.msg("status", {"execution_state": "idle"}), rig.signer)
+        rig.queue.send_from_thread(rig.msg("status", {"execution_state": "idle"}))
 
     async def main() -> None:
         r = Reader(sub)
@@ -298,9 +298,8 @@ def test_fifo_across_thread_producers(rig_factory: Any) -> None:
 
     def produce(t: int) -> None:
         for i in range(per):
-            rig.queue.put(
+            rig.queue.send_from_thread(
                 rig.msg("display_data", {"data": {"text/plain": f"{t}:{i}"}, "metadata": {}, "transient": {}}),
-                rig.signer,
             )
             if i % 50 == 0:
                 rig.queue.write_stream("stdout", f"{t}:{i}\n", {"msg_id": f"t{t}"})
@@ -340,7 +339,7 @@ def test_backpressure_blocks_producers_at_capacity(rig_factory: Any) -> None:
 
     def produce() -> None:
         for i in range(cap + 3):
-            rig.queue.put(rig.display(i), rig.signer)
+            rig.queue.send_from_thread(rig.display(i))
             progress.append(i)
         done.set()
 
@@ -370,7 +369,7 @@ def test_backpressure_blocks_producers_at_capacity(rig_factory: Any) -> None:
     th.join(5)
 
 
-def test_aput_waits_for_credit_in_io_run(rig_factory: Any) -> None:
+def test_send_waits_for_credit_in_io_run(rig_factory: Any) -> None:
     rig = rig_factory(capacity=2)
     sub = rig.subscriber()
     rig.wait_subscribed()
@@ -383,7 +382,7 @@ def test_aput_waits_for_credit_in_io_run(rig_factory: Any) -> None:
 
         async def producer() -> None:
             for i in range(total):
-                await rig.queue.aput(rig.display(i), rig.signer)
+                await rig.queue.send(rig.display(i))
                 finished.append(i)
 
         async with trio.open_nursery() as n:
@@ -405,7 +404,7 @@ def test_close_drains_then_run_returns(rig_factory: Any) -> None:
     sub = rig.subscriber()
     rig.wait_subscribed()
     for i in range(500):
-        rig.queue.put(rig.display(i), rig.signer)
+        rig.queue.send_from_thread(rig.display(i))
     rig.queue.write_stream("stdout", "tail", {})
     rig.queue.close()
 
@@ -437,7 +436,7 @@ def test_nodrop_waits_for_slow_subscriber_without_loss(rig_factory: Any) -> None
 
             async def produce() -> None:
                 for i in range(n):
-                    await rig.queue.aput(rig.display(i, pad=1000), rig.signer)
+                    await rig.queue.send(rig.display(i, pad=1000))
 
             nursery.start_soon(produce)
             await trio.sleep(1.5)  # subscriber not reading: its pipe fills, sends wait
@@ -464,7 +463,7 @@ def test_stuck_subscriber_falls_back_live_one_gets_all(rig_factory: Any, caplog:
 
             async def produce() -> None:
                 for i in range(n):
-                    await rig.queue.aput(rig.display(i, pad=500), rig.signer)
+                    await rig.queue.send(rig.display(i, pad=500))
 
             t0 = time.monotonic()
             nursery.start_soon(produce)
@@ -526,7 +525,7 @@ def test_new_subscriber_does_not_cost_a_slow_subscriber_messages(rig_factory: An
 
             async def produce() -> None:
                 for i in range(n):
-                    await rig.queue.aput(rig.display(i, pad=1000), rig.signer)
+                    await rig.queue.send(rig.display(i, pad=1000))
 
             nursery.start_soon(produce)
             await trio.sleep(1.0)

@@ -242,10 +242,9 @@ def run_widget_burst_trials(started: Any, encryption: str) -> None:
             # every comm_open is before the display that references them
             assert c.msgs.index(displays[0]) > c.msgs.index(opens[-1])
         assert len({m["content"]["comm_id"] for m in opens}) == len(opens)  # no duplicates
-        if encryption == "required":
-            assert UNENCRYPTED_WARNING not in k.log()
-        else:
-            assert k.log().count(UNENCRYPTED_WARNING) == 1
+        # on loopback the absence of CurveZMQ is said at info level only
+        # (issue 9.10: default Jupyter tools run without it); never a warning
+        assert UNENCRYPTED_WARNING not in k.log()
         k.stop()  # one fresh kernel per trial
     loss_report(f"widget burst ({encryption}); time to idle {times}", losses)
     assert all(not any(x.values()) for x in losses), losses

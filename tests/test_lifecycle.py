@@ -175,12 +175,12 @@ def test_port_in_use_exits_at_once_naming_channel_and_port(tmp_path):
 @pytest.mark.parametrize(
     "mutate,field",
     [
-        (lambda d: d.pop("key"), "'key'"),
-        (lambda d: d.update(shell_port="5555"), "'shell_port'"),
-        (lambda d: d.update(iopub_port=70000), "'iopub_port'"),
-        (lambda d: d.update(transport="udp"), "'transport'"),
+        (lambda d: d.pop("key"), "key:"),
+        (lambda d: d.update(shell_port="5555"), "shell_port:"),
+        (lambda d: d.update(iopub_port=70000), "iopub_port:"),
+        (lambda d: d.update(transport="udp"), "transport:"),
         (lambda d: d.update(signature_scheme="hmac-nope"), "signature_scheme"),
-        (lambda d: d.update(curve_publickey="x" * 40), "'curve_secretkey'"),
+        (lambda d: d.update(curve_publickey="x" * 40), "curve_secretkey:"),
     ],
 )
 def test_bad_connection_file_names_the_field(tmp_path, mutate, field):

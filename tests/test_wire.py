@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trikernel.errors import ConfigError, ProtocolError
-from trikernel.messages import Session
+from trikernel.messages import MessageBuilder as Session
 from trikernel.wire import DELIM, Message, Signer, deserialize, serialize
 
 KEY = b"secret-key"

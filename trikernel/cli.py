@@ -1,94 +1,106 @@
 """Command line: ``python -m trikernel -f FILE [options]`` and ``python -m trikernel install``.
 
-Start-up (docs/design.md, "Threads and loops"): the file given with ``-f`` picks the mode —
-A classic (all five ports given: bind exactly those), B zero ports (bind
-random ports, write them back atomically), C JEP 66 registration file
-(``registration_port`` present: bind random ports, register with the
-launcher, then serve). Sockets are bound and registered before IPython is
-imported. Errors in the file or options exit with code 2 and one line
-naming the field; a port in use or a failed handshake exits with code 1.
+Runs on: the main thread, before any other thread exists.
+
+Start-up (docs/design.md, "Threads and loops"): the file given with ``-f``
+picks the mode — A classic (all five ports given: bind exactly those), B
+zero or missing ports (bind random ports, write them back atomically), C
+JEP 66 registration file (``registration_port`` present: bind random ports,
+register with the launcher, then serve). Sockets are bound and registered
+before IPython is imported.
+
+Errors in the file, the options or the environment exit with code 2 and
+one line naming the field; a port in use or a failed handshake exits with
+code 1. Never a traceback. The kernel's tunables come from
+:class:`~trikernel.config.KernelConfig`'s fields (one declaration each).
+
+Environment variables read: ``TRIKERNEL_LOG_LEVEL`` (default for
+``--log-level``), ``TRIKERNEL_SOCKET_OPTIONS`` (sockopts.py),
+``JPY_PARENT_PID`` (iorun.py), ``MPLBACKEND`` (set if unset, shell.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
+from . import __version__
 from .channels import PORT_FIELDS
-from .config import KernelConfig, load_json_file, parse_connection, write_json_atomic
+from .config import KernelConfig, flag_of, load_json_file, parse_connection, write_json_atomic
 from .errors import ConfigError, HandshakeError, TrikernelError
 
 log = logging.getLogger("trikernel.cli")
 
-EXIT_CONFIG = 2
-_DEFAULTS = KernelConfig()
 EXIT_RUNTIME = 1
+EXIT_CONFIG = 2
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_LEVEL_ENV = "TRIKERNEL_LOG_LEVEL"
+_TYPES: dict[str, type] = {"int": int, "float": float}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``trikernel: <problem>`` and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_CONFIG, f"trikernel: {message} (see {self.prog} --help)\n")
+
+
+def _log_level(text: str) -> str:
+    """A log level name, case-insensitive. Raises ArgumentTypeError."""
+    level = text.strip().upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)} (any case), got {text!r}")
+    return level
+
+
+def _add_config_arguments(p: argparse.ArgumentParser) -> None:
+    """One option per KernelConfig field, with its type, unit, default and help."""
+    for f in dataclasses.fields(KernelConfig):
+        flag = flag_of(f)
+        if f.type == "bool" or f.type is bool:
+            action = "store_false" if f.default else "store_true"
+            p.add_argument(flag, dest=f.name, action=action, default=f.default, help=f.metadata["help"])
+            continue
+        unit = f.metadata["unit"]
+        p.add_argument(
+            flag,
+            dest=f.name,
+            type=_TYPES[str(f.type)],
+            default=f.default,
+            metavar={"s": "SECONDS"}.get(unit, unit.upper()) or "N",
+            help=f"{f.metadata['help']} ({unit}; default %(default)s)" if unit else f.metadata["help"],
+        )
 
 
 def _run_parser() -> argparse.ArgumentParser:
     from . import sockopts
 
-    p = argparse.ArgumentParser(prog="python -m trikernel", description="trikernel: a Jupyter kernel on trio")
+    p = _Parser(
+        prog="python -m trikernel",
+        description="trikernel: a Jupyter kernel for Python on trio.",
+        epilog="Install a kernelspec: python -m trikernel install --help. Docs: README.md and docs/.",
+    )
+    p.add_argument("--version", action="version", version=f"trikernel {__version__}")
     p.add_argument(
         "-f", "--connection-file", dest="connection_file", required=True, help="connection or registration file"
     )
     p.add_argument(
         "--log-level",
-        default=os.environ.get("TRIKERNEL_LOG_LEVEL", "WARNING"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="kernel log level (stderr)",
-    )
-    p.add_argument(
-        "--iopub-capacity",
-        type=int,
-        default=_DEFAULTS.iopub_capacity,
-        help="IOPub queue size in messages before producers block (default %(default)s)",
-    )
-    p.add_argument(
-        "--iopub-send-timeout",
-        type=float,
-        default=_DEFAULTS.iopub_send_timeout,
-        help="seconds a full subscriber is waited for before it loses a message (default %(default)s)",
-    )
-    p.add_argument(
-        "--iopub-warn-after",
-        type=float,
-        default=_DEFAULTS.iopub_warn_after,
-        help="seconds of waiting before a warning is logged (default %(default)s)",
-    )
-    p.add_argument(
-        "--stream-batch-bytes",
-        type=int,
-        default=_DEFAULTS.stream_batch_bytes,
-        help="largest coalesced stream message (default %(default)s)",
-    )
-    p.add_argument(
-        "--handshake-timeout",
-        type=float,
-        default=_DEFAULTS.handshake_timeout,
-        help="seconds to wait for the JEP 66 acknowledgement (default %(default)s)",
-    )
-    p.add_argument(
-        "--shutdown-grace",
-        type=float,
-        default=_DEFAULTS.shutdown_grace,
-        help="seconds user code gets to stop at shutdown (default %(default)s)",
-    )
-    p.add_argument(
-        "--no-capture-fd",
-        dest="capture_fds",
-        action="store_false",
-        help="leave file descriptors 1 and 2 alone: output of subprocesses and C code then goes to the "
-        "kernel's terminal instead of the notebook",
+        type=_log_level,
+        default=None,
+        help=f"kernel log level on stderr: {', '.join(LOG_LEVELS)}, any case (default: ${LOG_LEVEL_ENV} or WARNING)",
     )
     p.add_argument(
         "--write-connection-file",
         metavar="PATH",
         help="after start-up (and the handshake), write a connection file here",
     )
+    _add_config_arguments(p)
     sockopts.add_arguments(p)
     return p
 
@@ -96,12 +108,12 @@ def _run_parser() -> argparse.ArgumentParser:
 def _install_parser() -> argparse.ArgumentParser:
     from . import sockopts
 
-    p = argparse.ArgumentParser(prog="python -m trikernel install", description="install the trikernel kernelspec")
+    p = _Parser(prog="python -m trikernel install", description="install the trikernel kernelspec")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for the current user")
     where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix (the active env)")
     where.add_argument("--prefix", help="install under this prefix")
-    p.add_argument("--name", default="trikernel", help="kernelspec name (default %(default)s)")
+    p.add_argument("--name", default="trikernel", help="kernelspec name: letters, digits, . - _ (default %(default)s)")
     p.add_argument("--display-name", default=None, help="display name")
     p.add_argument("--interrupt-mode", choices=["signal", "message"], default="signal")
     p.add_argument(
@@ -128,7 +140,13 @@ def _configure_logging(level: str) -> None:
     kernel_log.propagate = False
 
 
+def _fail(message: str, code: int = EXIT_CONFIG) -> int:
+    print(f"trikernel: {message}", file=sys.stderr)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m trikernel`` and the ``trikernel`` script; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["install"]:
         return _install(args[1:])
@@ -142,77 +160,80 @@ def _install(argv: list[str]) -> int:
     try:
         options = sockopts.resolve(args.socket_options or [], {}, args.config)
     except ConfigError as exc:
-        print(f"trikernel: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return _fail(str(exc))
     # The effective values of --socket-option and --config are baked into
     # argv; TRIKERNEL_SOCKET_OPTIONS is read when the kernel starts.
-    extra = options.as_argv()
     prefix = sys.prefix if args.sys_prefix else args.prefix
-    dest = kernelspec.install(
-        user=args.user,
-        prefix=prefix,
-        name=args.name,
-        display_name=args.display_name or kernelspec.DISPLAY_NAME,
-        extra_argv=extra,
-        interrupt_mode=args.interrupt_mode,
-        handshake=args.handshake,
-    )
+    try:
+        dest = kernelspec.install(
+            user=args.user,
+            prefix=prefix,
+            name=args.name,
+            display_name=args.display_name or kernelspec.DISPLAY_NAME,
+            extra_argv=options.as_argv(),
+            interrupt_mode=args.interrupt_mode,
+            handshake=args.handshake,
+        )
+    except ValueError as exc:  # jupyter_client's kernel name check
+        return _fail(f"--name: {args.name!r} is not a valid kernelspec name ({exc})")
+    except OSError as exc:
+        where = f"--prefix {prefix}" if prefix else ("--user" if args.user else "the system kernelspec folder")
+        return _fail(f"cannot install into {where}: {exc.strerror or exc}", EXIT_RUNTIME)
     print(f"Installed kernelspec {args.name} in {dest}")
     return 0
 
 
-def _run(argv: list[str]) -> int:
-    from . import sockopts
-
+def _parse_run_args(argv: list[str]) -> tuple[argparse.Namespace, KernelConfig]:
+    """Parse argv and the environment; raises ConfigError naming the field."""
     args = _run_parser().parse_args(argv)
-    _configure_logging(args.log_level)
-    try:
-        config = KernelConfig(
-            iopub_capacity=args.iopub_capacity,
-            iopub_send_timeout=args.iopub_send_timeout,
-            iopub_warn_after=args.iopub_warn_after,
-            stream_batch_bytes=args.stream_batch_bytes,
-            handshake_timeout=args.handshake_timeout,
-            shutdown_grace=args.shutdown_grace,
-            capture_fds=args.capture_fds,
-        )
-        options = sockopts.resolve(args.socket_options or [], os.environ, args.config)
-        raw = load_json_file(args.connection_file)
-        registration = None
-        from . import handshake
+    if args.log_level is None:
+        try:
+            args.log_level = _log_level(os.environ.get(LOG_LEVEL_ENV, "WARNING"))
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"{LOG_LEVEL_ENV}: {exc}") from None
+    values: dict[str, Any] = {f.name: getattr(args, f.name) for f in dataclasses.fields(KernelConfig)}
+    return args, KernelConfig(**values)
 
-        if handshake.is_registration_file(raw):
-            registration = handshake.parse_registration(raw)
-            conn = parse_connection(
-                {
-                    **raw,
-                    "ip": handshake.bind_ip(raw),
-                    **dict.fromkeys(PORT_FIELDS, 0),
-                },
-                require_ports=False,
-            )
-        else:
-            conn = parse_connection(raw)
+
+def _run(argv: list[str]) -> int:
+    from . import handshake, sockopts
+
+    try:
+        args, config = _parse_run_args(argv)
     except ConfigError as exc:
-        print(f"trikernel: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return _fail(str(exc))
+    _configure_logging(args.log_level)
+    path = args.connection_file
+    try:
+        options = sockopts.resolve(args.socket_options or [], os.environ, args.config)
+        raw = load_json_file(path)
+        registration = None
+        try:
+            if handshake.is_registration_file(raw):
+                registration = handshake.parse_registration(raw)
+                conn = parse_connection({**raw, "ip": handshake.bind_ip(raw), **dict.fromkeys(PORT_FIELDS, 0)})
+            else:
+                conn = parse_connection(raw)
+        except ConfigError as exc:
+            raise ConfigError(f"connection file {path!r}: {exc}") from None
+    except ConfigError as exc:
+        return _fail(str(exc))
 
     if conn.transport == "tcp" and not conn.curve:
-        log.warning("CurveZMQ keys absent: kernel traffic on %s is not encrypted (only signed)", conn.ip)
+        level = logging.INFO if _is_loopback(conn.ip) else logging.WARNING
+        log.log(level, "CurveZMQ keys absent: kernel traffic on %s is signed, not encrypted", conn.ip)
 
     from .sockets import create_and_bind
 
-    def configure(sock: object, channel: str) -> None:
-        sockopts.apply_options(sock, channel, options)  # type: ignore[arg-type]
+    def configure(sock: Any, channel: str) -> None:
+        sockopts.apply_options(sock, channel, options)
 
     try:
         bound = create_and_bind(conn, configure)
     except ConfigError as exc:
-        print(f"trikernel: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return _fail(str(exc))
     except TrikernelError as exc:
-        print(f"trikernel: {exc}", file=sys.stderr)
-        return EXIT_RUNTIME
+        return _fail(str(exc), EXIT_RUNTIME)
     conn = conn.with_ports(bound.ports)
 
     try:
@@ -222,16 +243,27 @@ def _run(argv: list[str]) -> int:
             handshake.register(
                 registration, bound.ports, Signer(conn.key, conn.signature_scheme), timeout=config.handshake_timeout
             )
-        elif not all(p > 0 for p in (raw.get(k, 0) for k in bound.ports)):
-            write_json_atomic(args.connection_file, {**raw, **bound.ports})
+        elif not all(isinstance(raw.get(k), int) and raw[k] > 0 for k in PORT_FIELDS):
+            write_json_atomic(path, {**raw, **bound.ports})
         if args.write_connection_file:
             write_json_atomic(args.write_connection_file, conn.to_dict())
     except (HandshakeError, OSError) as exc:
-        print(f"trikernel: start-up failed: {exc}", file=sys.stderr)
         bound.destroy()
-        return EXIT_RUNTIME
+        return _fail(f"start-up failed: {exc}", EXIT_RUNTIME)
 
     from .kernel import Kernel
 
     nodrop = bool(dict(options.for_channel("iopub")).get("XPUB_NODROP", 1))
     return Kernel(conn, config, bound, iopub_nodrop=nodrop).run()
+
+
+def _is_loopback(ip: str) -> bool:
+    """True for addresses only this host can reach (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if ip == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False

@@ -9,14 +9,24 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any
 
 from .channels import CHANNELS, PORT_FIELDS
 from .errors import ConfigError
 from .wire import Signer
 
-__all__ = ["CHANNELS", "PORT_FIELDS", "ConnectionInfo", "KernelConfig", "parse_connection"]
+__all__ = [
+    "CHANNELS",
+    "PORT_FIELDS",
+    "ConnectionInfo",
+    "KernelConfig",
+    "Security",
+    "check_port",
+    "check_security",
+    "parse_connection",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,58 +93,95 @@ class ConnectionInfo:
         return d
 
 
-def _field(d: dict[str, Any], name: str, types: type | tuple[type, ...], default: Any = ...) -> Any:
-    if name not in d:
+def _field(d: Mapping[str, Any], name: str, types: type | tuple[type, ...], default: Any = ...) -> Any:
+    if name not in d or d[name] is None:
         if default is ...:
-            raise ConfigError(f"connection file: required field {name!r} is missing")
+            raise ConfigError(f"{name}: required field is missing")
         return default
     value = d[name]
     if not isinstance(value, types) or isinstance(value, bool):
         want = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
-        raise ConfigError(f"connection file: field {name!r} must be {want}, got {type(value).__name__}")
+        raise ConfigError(f"{name}: must be {want}, got {type(value).__name__}")
     return value
 
 
-def parse_connection(d: Any, *, require_ports: bool = True) -> ConnectionInfo:
+def check_port(value: Any, name: str, *, allow_zero: bool = True, allow_str: bool = False) -> int:
+    """A port number in 0..65535 (1..65535 without ``allow_zero``).
+
+    ``allow_str`` also accepts a decimal string (xeus writes
+    ``registration_port`` so). Raises ConfigError naming ``name``.
+    """
+    if isinstance(value, str) and allow_str and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int):
+        want = "an integer or a decimal string" if allow_str else "an integer"
+        raise ConfigError(f"{name}: must be {want}, got {type(value).__name__} {value!r}")
+    low = 0 if allow_zero else 1
+    if not low <= value <= 65535:
+        raise ConfigError(f"{name}: must be in {low}..65535, got {value}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Security:
+    """The signing and encryption fields shared by connection and
+    registration files: HMAC ``key`` (bytes; empty = unsigned),
+    ``signature_scheme`` ("hmac-<hashlib name>"), CurveZMQ pair (40-char Z85
+    bytes each, or both None)."""
+
+    key: bytes
+    signature_scheme: str
+    curve_publickey: bytes | None
+    curve_secretkey: bytes | None
+
+
+def check_security(d: Mapping[str, Any], *, require_key: bool = True) -> Security:
+    """Validate ``key``, ``signature_scheme`` and the CurveZMQ pair of a
+    connection or registration file (jupyter_client docs/kernels.rst,
+    "Connection files"; CurveZMQ keys as jupyter_client 8.10 provisions them).
+
+    Raises ConfigError naming the field: ``key`` missing (unless
+    ``require_key`` is false) or not a string, an unknown scheme, one curve
+    key without the other, a curve key that is not 40 Z85 characters.
+    """
+    key = _field(d, "key", str, ... if require_key else "")
+    scheme = _field(d, "signature_scheme", str, "hmac-sha256")
+    Signer(b"", scheme)  # raises ConfigError naming signature_scheme
+    pub, sec = d.get("curve_publickey"), d.get("curve_secretkey")
+    if (pub is None) != (sec is None):
+        missing = "curve_secretkey" if sec is None else "curve_publickey"
+        raise ConfigError(f"{missing}: missing (curve_publickey and curve_secretkey come together)")
+    keys: list[bytes | None] = []
+    for name, value in (("curve_publickey", pub), ("curve_secretkey", sec)):
+        if value is not None and (not isinstance(value, str) or len(value) != 40):
+            raise ConfigError(f"{name}: must be a 40-character Z85 string")
+        keys.append(value.encode() if value else None)
+    return Security(key.encode(), scheme, keys[0], keys[1])
+
+
+def parse_connection(d: Any) -> ConnectionInfo:
     """Validate a decoded connection file.
 
-    ``require_ports=False`` allows absent ports (treated as 0), used for JEP 66
-    registration files. Raises ConfigError naming the offending field.
+    A missing or 0 ``*_port`` means "bind a random port" (mode B: the
+    kernel writes the ports it bound back). Raises ConfigError naming the
+    offending field (``"<field>: <problem>"``).
     """
-    if not isinstance(d, dict):
-        raise ConfigError("connection file: top level must be a JSON object")
-    ports: dict[str, int] = {}
-    for name in PORT_FIELDS:
-        value = _field(d, name, int, ... if require_ports else 0)
-        if not 0 <= value <= 65535:
-            raise ConfigError(f"connection file: field {name!r} must be in 0..65535, got {value}")
-        ports[name] = value
+    if not isinstance(d, Mapping):
+        raise ConfigError("top level must be a JSON object")
+    ports = {name: check_port(d.get(name, 0), name) for name in PORT_FIELDS}
     transport = _field(d, "transport", str, "tcp")
     if transport not in ("tcp", "ipc"):
-        raise ConfigError(f"connection file: field 'transport' must be 'tcp' or 'ipc', got {transport!r}")
+        raise ConfigError(f"transport: must be 'tcp' or 'ipc', got {transport!r}")
     ip = _field(d, "ip", str, "127.0.0.1") or "127.0.0.1"
-    key = _field(d, "key", str)
-    scheme = _field(d, "signature_scheme", str, "hmac-sha256")
-    try:
-        Signer(b"", scheme)
-    except ConfigError as exc:
-        raise ConfigError(f"connection file: field {exc}") from None
-    curve_pub = d.get("curve_publickey")
-    curve_sec = d.get("curve_secretkey")
-    if (curve_pub is None) != (curve_sec is None):
-        missing = "curve_secretkey" if curve_sec is None else "curve_publickey"
-        raise ConfigError(f"connection file: field {missing!r} is missing (both curve keys are needed)")
-    for name, value in (("curve_publickey", curve_pub), ("curve_secretkey", curve_sec)):
-        if value is not None and (not isinstance(value, str) or len(value) != 40):
-            raise ConfigError(f"connection file: field {name!r} must be a 40-character Z85 string")
+    sec = check_security(d)
     return ConnectionInfo(
         ip=ip,
         transport=transport,
-        key=key.encode(),
-        signature_scheme=scheme,
+        key=sec.key,
+        signature_scheme=sec.signature_scheme,
         kernel_name=_field(d, "kernel_name", str, ""),
-        curve_publickey=curve_pub.encode() if curve_pub else None,
-        curve_secretkey=curve_sec.encode() if curve_sec else None,
+        curve_publickey=sec.curve_publickey,
+        curve_secretkey=sec.curve_secretkey,
         **ports,
     )
 
@@ -153,16 +200,20 @@ def load_json_file(path: str) -> dict[str, Any]:
     return data
 
 
-def write_json_atomic(path: str, data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` atomically (temp file + rename), mode 0600."""
+def write_json_atomic(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` atomically, mode 0600 from the start.
+
+    The temporary file (``mkstemp``: 0600, O_EXCL) sits beside ``path`` and
+    is renamed over it, so the key is never readable by others and a reader
+    never sees half a file. Raises OSError.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     import tempfile  # not on the start-up path unless ports are written back
 
     fd, tmp = tempfile.mkstemp(prefix=".trikernel-", suffix=".json", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-        os.chmod(tmp, 0o600)
+            json.dump(dict(data), f, indent=1)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -170,35 +221,65 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
         raise
 
 
+def knob(default: Any, help: str, *, unit: str = "", minimum: float | None = None, exclusive: bool = False,
+         flag: str | None = None) -> Any:
+    """A KernelConfig field: its default, help text, unit and lower bound
+    (``exclusive``: the value must be greater than ``minimum``). ``flag``
+    overrides the command-line flag derived from the field name."""
+    return field(
+        default=default,
+        metadata={"help": help, "unit": unit, "minimum": minimum, "exclusive": exclusive, "flag": flag},
+    )
+
+
+def flag_of(f: Field[Any]) -> str:
+    """The command-line flag of a KernelConfig field: ``iopub_capacity`` → ``--iopub-capacity``;
+    a boolean that defaults to True is switched off with its ``flag``."""
+    return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
+
+
 @dataclass(frozen=True, slots=True)
 class KernelConfig:
-    """Named bounds of memory and time (all configurable from the CLI).
+    """Named bounds of memory and time, and the kernel's switches.
 
-    - ``iopub_capacity``: messages the IOPub queue holds before producers block.
-    - ``iopub_send_timeout``: seconds a NODROP send may wait on a full
-      subscriber before that one message is sent lossy (docs/design.md, "The IOPub path").
-    - ``iopub_warn_after``: seconds of waiting before a (rate-limited) warning.
-    - ``stream_batch_bytes``: largest coalesced ``stream`` message, in bytes.
-    - ``handshake_timeout``: seconds to wait for the JEP 66 acknowledgement.
-    - ``shutdown_grace``: seconds the kernel waits for user code at shutdown.
-    - ``parent_poll_interval``: seconds between checks that the launcher lives.
-    - ``capture_fds``: capture file descriptors 1 and 2 into the notebook.
+    Each field is declared once, here, with its type, unit, default and
+    help; the command line (cli.py) is derived from these declarations.
+    Raises ConfigError naming the flag for a value out of range.
     """
 
-    iopub_capacity: int = 1000
-    iopub_send_timeout: float = 5.0
-    iopub_warn_after: float = 1.0
-    stream_batch_bytes: int = 1 << 16
-    handshake_timeout: float = 5.0
-    shutdown_grace: float = 3.0
-    parent_poll_interval: float = 1.0
-    capture_fds: bool = True
+    iopub_capacity: int = knob(1000, "IOPub queue size before producers block", unit="messages", minimum=1)
+    iopub_send_timeout: float = knob(
+        5.0, "time a full subscriber is waited for before it loses a message", unit="s", minimum=0, exclusive=True
+    )
+    iopub_warn_after: float = knob(
+        1.0, "waiting time on a full subscriber before a warning is logged", unit="s", minimum=0, exclusive=True
+    )
+    stream_batch_chars: int = knob(
+        1 << 16, "largest coalesced stream message", unit="characters", minimum=1024
+    )
+    handshake_timeout: float = knob(
+        5.0, "time to wait for the JEP 66 acknowledgement", unit="s", minimum=0, exclusive=True
+    )
+    shutdown_grace: float = knob(3.0, "time user code gets to stop at shutdown", unit="s", minimum=0, exclusive=True)
+    parent_poll_interval: float = knob(
+        1.0, "time between checks that the launching process (JPY_PARENT_PID) lives", unit="s", minimum=0,
+        exclusive=True,
+    )
+    capture_fds: bool = knob(
+        True,
+        "leave file descriptors 1 and 2 alone: output of subprocesses and C code then goes to the kernel's "
+        "terminal instead of the notebook",
+        flag="--no-capture-fd",
+    )
 
     def __post_init__(self) -> None:
-        if self.iopub_capacity < 1:
-            raise ConfigError(f"--iopub-capacity must be >= 1, got {self.iopub_capacity}")
-        for name in ("iopub_send_timeout", "iopub_warn_after", "handshake_timeout", "shutdown_grace"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
-        if self.stream_batch_bytes < 1024:
-            raise ConfigError(f"--stream-batch-bytes must be >= 1024, got {self.stream_batch_bytes}")
+        for f in fields(self):
+            low = f.metadata.get("minimum")
+            value = getattr(self, f.name)
+            if low is None or isinstance(value, bool):
+                continue
+            bad = value <= low if f.metadata["exclusive"] else value < low
+            if bad:
+                op = ">" if f.metadata["exclusive"] else ">="
+                unit = f" {f.metadata['unit']}" if f.metadata["unit"] else ""
+                raise ConfigError(f"{flag_of(f)} must be {op} {low:g}{unit}, got {value}")

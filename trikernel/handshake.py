@@ -40,6 +40,7 @@ from enum import StrEnum
 from typing import Any
 
 from .channels import PORT_FIELDS
+from .config import check_port, check_security
 from .errors import ConfigError, HandshakeError, ProtocolError
 from .wire import DELIM, Message, Signer, deserialize, dumps, loads, new_header, serialize, split_identities
 
@@ -157,19 +158,8 @@ def bind_ip(d: Mapping[str, Any]) -> str:
 
 
 def _port(value: Any, name: str, *, allow_zero: bool = False) -> int:
-    """Parse a port given as int or decimal string; ConfigError names ``name``."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{name}: expected a port number, got a boolean")
-    if isinstance(value, int):
-        port = value
-    elif isinstance(value, str) and value.strip().isdigit():
-        port = int(value.strip())
-    else:
-        raise ConfigError(f"{name}: expected a port number (int or decimal string), got {value!r}")
-    low = 0 if allow_zero else 1
-    if not low <= port <= 65535:
-        raise ConfigError(f"{name}: port {port} out of range {low}..65535")
-    return port
+    """A port given as int or decimal string; ConfigError names ``name``."""
+    return check_port(value, name, allow_zero=allow_zero, allow_str=True)
 
 
 def parse_registration(d: Mapping[str, Any]) -> RegistrationInfo:
@@ -203,25 +193,7 @@ def parse_registration(d: Mapping[str, Any]) -> RegistrationInfo:
     if kernel_id is not None and not isinstance(kernel_id, str):
         raise ConfigError(f"kernel_id: expected a string, got {type(kernel_id).__name__}")
 
-    key = d.get("key", "")
-    if isinstance(key, bytes):
-        key_bytes = key
-    elif isinstance(key, str):
-        key_bytes = key.encode()
-    else:
-        raise ConfigError(f"key: expected a string, got {type(key).__name__}")
-
-    scheme = d.get("signature_scheme", "hmac-sha256")
-    if not isinstance(scheme, str):
-        raise ConfigError(f"signature_scheme: expected a string, got {type(scheme).__name__}")
-    Signer(b"", scheme)  # validates the scheme; raises ConfigError naming signature_scheme
-
-    pub, sec = d.get("curve_publickey"), d.get("curve_secretkey")
-    if (pub is None) != (sec is None):
-        missing = "curve_secretkey" if sec is None else "curve_publickey"
-        raise ConfigError(f"{missing}: missing (curve_publickey and curve_secretkey come together)")
-    curve_pub = _curve_key(pub, "curve_publickey")
-    curve_sec = _curve_key(sec, "curve_secretkey")
+    sec = check_security(d, require_key=False)
 
     return RegistrationInfo(
         dialect=dialect,
@@ -229,21 +201,12 @@ def parse_registration(d: Mapping[str, Any]) -> RegistrationInfo:
         registration_port=port,
         transport="tcp",
         kernel_id=kernel_id,
-        key=key_bytes,
-        signature_scheme=scheme,
+        key=sec.key,
+        signature_scheme=sec.signature_scheme,
         bind_ip=address,
-        curve_publickey=curve_pub,
-        curve_secretkey=curve_sec,
+        curve_publickey=sec.curve_publickey,
+        curve_secretkey=sec.curve_secretkey,
     )
-
-
-def _curve_key(value: Any, name: str) -> bytes | None:
-    if value is None:
-        return None
-    raw = value.encode() if isinstance(value, str) else value
-    if not isinstance(raw, bytes) or len(raw) != 40:
-        raise ConfigError(f"{name}: expected a 40-character Z85 key")
-    return raw
 
 
 def _check_ports(ports: Mapping[str, Any], *, where: str) -> dict[str, int]:

@@ -2,13 +2,14 @@
 
 docs/design.md, "The IOPub path". Every IOPub message (status, execute_input, stream,
 display_data, execute_result, error, clear_output, comm_*) goes through ONE
-:class:`IOPubQueue`. Its consumer is :meth:`IOPubPublisher.run`, the iopub
+:class:`IOPubQueue`. Its consumer is :meth:`IOPubTask.run`, the iopub
 task in the io thread's trio run, the sole owner of the XPUB socket.
 
 Why not a trio memory channel: producers live in other threads (the user
 code's main thread, threads the user starts) and in the io run itself; a
-trio channel belongs to one run. The queue is a deque guarded by a
-``threading.Semaphore`` of ``capacity`` credits: a producer takes a credit
+trio channel belongs to one run. The queue is a deque of at most
+``capacity`` credits, guarded by one ``threading.Lock`` with a
+``threading.Condition`` producers wait on: a producer takes a credit
 before it appends (blocking = backpressure), the iopub task gives it back
 after the message left through libzmq. Queue + in-flight never exceed
 ``capacity`` messages. FIFO across all producers gives busy < execute_input
@@ -22,7 +23,7 @@ few large ``stream`` messages; the first write of a burst leaves at once.
 Sending: non-blocking sends with XPUB_NODROP on. libzmq's XPUB signals
 POLLOUT even when a subscriber pipe is full (NODROP only shows as EAGAIN on
 send), so a full subscriber is waited for by retrying with backoff (0.5 ms
-doubling to 50 ms) — bounded by ``send_timeout``. Past it the message is
+doubling to 5 ms) — bounded by ``send_timeout``. Past it the message is
 sent once with NODROP off (only full subscribers lose it), the event is
 counted and logged (warning, rate-limited), and the task enters *degraded*
 mode: further EAGAINs fall back at once, until a NODROP send succeeds again
@@ -42,7 +43,7 @@ from typing import Any
 import trio
 import zmq
 
-from .messages import Session
+from .messages import MessageBuilder
 from .wire import Message, Signer, serialize
 
 log = logging.getLogger("trikernel.iopub")
@@ -92,6 +93,8 @@ class IOPubStats:
     - ``producer_blocks``: times a producer found the queue full and waited.
     - ``send_errors``: messages that could not be serialised or sent (bug
       or bad data; each is logged with its traceback).
+    - ``dropped_closed``: messages produced after the queue closed at
+      shutdown (user threads still printing); dropped, never blocked on.
     """
 
     sent: int = 0
@@ -104,6 +107,7 @@ class IOPubStats:
     stream_writes: int = 0
     producer_blocks: int = 0
     send_errors: int = 0
+    dropped_closed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -132,12 +136,19 @@ class IOPubQueue:
     """Bounded multi-producer queue into the iopub task (thread-safe).
 
     ``capacity``: messages (queued + in flight) before producers block.
-    ``stream_batch_bytes``: a stream batch is sealed past this many chars.
+    ``stream_batch_chars``: a stream batch is sealed past this many
+    characters of text. ``signer``: signs every message a producer queues.
+
+    Producers: :meth:`send_from_thread` and :meth:`write_stream` from any
+    thread but the io thread, :meth:`send` from tasks of the io run. The
+    consumer (:meth:`get`, :meth:`take_text`, :meth:`release`) is the iopub
+    task alone.
     """
 
-    def __init__(self, capacity: int, stream_batch_bytes: int, stats: IOPubStats):
+    def __init__(self, capacity: int, stream_batch_chars: int, stats: IOPubStats, signer: Signer):
         self.capacity = capacity
-        self.stream_batch_bytes = stream_batch_bytes
+        self.signer = signer
+        self.stream_batch_chars = stream_batch_chars
         self.stats = stats
         # One lock guards items, open batches and credits; producers in other
         # threads wait for a credit on _space (interruptible by Ctrl-C).
@@ -165,13 +176,21 @@ class IOPubQueue:
         return threading.get_ident() == self._io_thread
 
     # -- producers ----------------------------------------------------------
-    def _take_credit_locked(self) -> None:
-        """With the lock held: take a credit, waiting for one if none is free."""
-        if self._free == 0:
+    def _take_credit_locked(self) -> bool:
+        """With the lock held: take a credit, waiting for one if none is free.
+
+        Returns False, taking nothing, once the queue is closed (also when it
+        closes while this producer waits: close() wakes every waiter).
+        """
+        if self._free == 0 and not self.closed:
             self.stats.producer_blocks += 1
-            while self._free == 0:
+            while self._free == 0 and not self.closed:
                 self._space.wait()  # releases the lock meanwhile; Ctrl-C interrupts it
+        if self.closed:
+            self.stats.dropped_closed += 1
+            return False
         self._free -= 1
+        return True
 
     def _append_locked(self, item: _Item) -> None:
         # any non-stream item seals every open batch (keeps write order)
@@ -190,31 +209,48 @@ class IOPubQueue:
                 self._woken_from_thread = True
                 self._io_token.run_sync_soon(ev.set)
 
-    def put(self, msg: Message, signer: Signer) -> None:
-        """Queue a message from any thread except the io thread; blocks when full."""
-        frames = serialize(msg, signer)
-        if self.in_io_thread:
-            raise RuntimeError("IOPubQueue.put from the io thread; use aput")
-        with self._lock:
-            self._take_credit_locked()
-            self._append_locked((msg.msg_type, frames))
+    def send_from_thread(self, msg: Message) -> bool:
+        """Queue ``msg`` from any thread but the io thread; blocks while full.
 
-    async def aput(self, msg: Message, signer: Signer) -> None:
-        """Queue a message from a task of the io run; waits when full.
+        Serialises and signs in the caller's thread. Blocks (backpressure)
+        while ``capacity`` messages are queued or in flight; Ctrl-C
+        interrupts the wait on the main thread. Returns False, and counts
+        ``dropped_closed``, when the queue is closed (the kernel is shutting
+        down), including when it closes during the wait.
 
-        May go up to IO_OVERDRAFT messages past the capacity first.
+        Raises RuntimeError when called from the io thread (use :meth:`send`).
         """
-        frames = serialize(msg, signer)
+        frames = serialize(msg, self.signer)
+        if self.in_io_thread:
+            raise RuntimeError("IOPubQueue.send_from_thread from the io thread; use send")
+        with self._lock:
+            if not self._take_credit_locked():
+                return False
+            self._append_locked((msg.msg_type, frames))
+        return True
+
+    async def send(self, msg: Message) -> bool:
+        """Queue ``msg`` from a task of the io run; waits while full.
+
+        May go up to IO_OVERDRAFT messages past the capacity first, so that
+        status and control traffic never waits behind a stalled subscriber.
+        Returns False (counted in ``dropped_closed``) when the queue is
+        closed. Cancellation: a cancelled wait queues nothing.
+        """
+        frames = serialize(msg, self.signer)
         while True:
             with self._lock:
+                if self.closed:
+                    self.stats.dropped_closed += 1
+                    return False
                 if self._free > 0:
                     self._free -= 1
                     self._append_locked((msg.msg_type, frames))
-                    return
+                    return True
                 if self._overdraft < IO_OVERDRAFT:
                     self._overdraft += 1
                     self._append_locked((msg.msg_type, frames))
-                    return
+                    return True
                 self.stats.producer_blocks += 1
                 if self._credit_returned is None:
                     self._credit_returned = trio.Event()
@@ -231,11 +267,12 @@ class IOPubQueue:
         pid = parent.get("msg_id")
         with self._lock:
             b = self._open.get(name)
-            if b is not None and not b.sealed and b.parent.get("msg_id") == pid and b.size < self.stream_batch_bytes:
+            if b is not None and not b.sealed and b.parent.get("msg_id") == pid and b.size < self.stream_batch_chars:
                 b.parts.append(text)
                 b.size += len(text)
                 return
-            self._take_credit_locked()
+            if not self._take_credit_locked():
+                return
             self._append_locked(StreamBatch(name, parent, [text], len(text)))
 
     # -- consumer -----------------------------------------------------------
@@ -277,10 +314,19 @@ class IOPubQueue:
             ev.set()
 
     def close(self) -> None:
-        """Queue the end marker (from the io run); the task drains, then exits."""
+        """Queue the end marker (from the io run); the task drains, then exits.
+
+        Producers waiting for a credit wake up and drop their message
+        (``dropped_closed``); later producers drop at once. Nothing blocks on
+        a closed queue.
+        """
         with self._lock:
             self.closed = True
             self._append_locked(_CLOSE)
+            self._space.notify_all()
+            ev, self._credit_returned = self._credit_returned, None
+        if ev is not None:
+            ev.set()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -324,7 +370,7 @@ class _RateLimitedWarning:
             self.suppressed += 1
 
 
-class IOPubPublisher:
+class IOPubTask:
     """The iopub task: drains the queue into the XPUB socket.
 
     Owns: the XPUB socket. Reads: the queue, subscription frames. Writes:
@@ -334,10 +380,9 @@ class IOPubPublisher:
 
     def __init__(
         self,
-        sock: zmq.Socket,
+        sock: zmq.Socket[Any],
         queue: IOPubQueue,
-        session: Session,
-        signer: Signer,
+        builder: MessageBuilder,
         *,
         send_timeout: float,
         warn_after: float,
@@ -345,8 +390,8 @@ class IOPubPublisher:
     ):
         self.sock = sock
         self.queue = queue
-        self.session = session
-        self.signer = signer
+        self.builder = builder
+        self.signer = queue.signer
         self.send_timeout = send_timeout
         self.warn_after = warn_after
         self.stats = queue.stats
@@ -408,7 +453,7 @@ class IOPubPublisher:
             wait = max(FIRST_WRITE_DELAY, self._last_stream + STREAM_INTERVAL - time.monotonic())
             await trio.sleep(wait)
         text = self.queue.take_text(b)
-        msg = self.session.iopub("stream", {"name": b.name, "text": text}, b.parent)
+        msg = self.builder.iopub("stream", {"name": b.name, "text": text}, b.parent)
         self._last_stream = time.monotonic()
         self.stats.stream_messages += 1
         await self._send(serialize(msg, self.signer))
@@ -524,7 +569,7 @@ class IOPubPublisher:
             if sub[:1] != b"\x01":
                 continue  # unsubscribe
             topic = sub[1:]
-            msg = self.session.msg(
+            msg = self.builder.msg(
                 "iopub_welcome", {"subscription": topic.decode("utf-8", "replace")}, None, identities=(topic,)
             )
             if len(self._welcomes) == self._welcomes.maxlen:

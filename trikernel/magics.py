@@ -1,22 +1,25 @@
 """The ``%trikernel`` line magic: IOPub counters and kernel facts.
 
-``%trikernel`` prints the IOPub statistics (iopub.IOPubStats): messages
-sent, waits on full subscribers, fallback drops, coalescing ratio.
+Runs on: the main thread, in a cell. ``%trikernel`` prints the IOPub
+statistics (iopub.IOPubStats and the queue's state: messages sent, waits on
+full subscribers, fallback drops, coalescing, messages dropped at shutdown);
+``%trikernel --return`` also returns them as a dict.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
-def register(shell: Any, kernel: Any) -> None:
-    def trikernel_magic(line: str = "") -> dict[str, Any]:
-        stats = kernel.stats.as_dict()
-        stats["iopub_capacity"] = kernel.iopub_queue.capacity
-        stats["iopub_queued"] = len(kernel.iopub_queue)
-        stats["degraded"] = bool(kernel.publisher is not None and kernel.publisher.degraded)
-        for k, v in stats.items():
+def register(shell: Any, stats: Callable[[], dict[str, Any]]) -> None:
+    """Register ``%trikernel`` on ``shell``; ``stats()`` returns the counters
+    (thread-safe reads of plain ints)."""
+
+    def trikernel_magic(line: str = "") -> dict[str, Any] | None:
+        values = stats()
+        for k, v in values.items():
             print(f"{k:>18}: {v}")
-        return stats if line.strip() == "--return" else None  # type: ignore[return-value]
+        return values if line.strip() == "--return" else None
 
     shell.register_magic_function(trikernel_magic, "line", "trikernel")

@@ -1,8 +1,8 @@
 """Message builders for the kernel side of the protocol (spec 5.5).
 
-:class:`Session` stamps headers (one session id per kernel process) and
-builds replies, status and IOPub messages with the right parent. Pure: no
-sockets.
+:class:`MessageBuilder` stamps headers (one session id per kernel process)
+and builds replies, status and IOPub messages with the right parent header.
+Pure: no sockets.
 """
 
 from __future__ import annotations
@@ -24,46 +24,62 @@ def iopub_topic(msg_type: str) -> bytes:
     return f"kernel.{os.getpid()}.{msg_type}".encode()
 
 
-class Session:
-    """Builds messages stamped with this kernel's session id."""
+class MessageBuilder:
+    """Builds the kernel's messages, stamped with its session id (spec
+    "General Message Format": ``header.session`` is the same for every
+    message one kernel process sends).
+
+    Not jupyter_client's ``Session``: this one neither signs nor sends
+    (wire.py signs). Thread-safe: it holds no mutable state.
+
+    ``session_id``: 32 hex digits, random per process unless given.
+    """
 
     def __init__(self, session_id: str | None = None, username: str = "kernel"):
-        self.session = session_id or os.urandom(16).hex()
+        self.session_id = session_id or os.urandom(16).hex()
         self.username = username
 
     def msg(
         self,
         msg_type: str,
         content: dict[str, Any],
-        parent: Message | dict[str, Any] | None = None,
+        parent_header: dict[str, Any] | None = None,
         *,
         metadata: dict[str, Any] | None = None,
         buffers: tuple[bytes, ...] = (),
         identities: tuple[bytes, ...] = (),
     ) -> Message:
-        parent_header = parent.header if isinstance(parent, Message) else (parent or {})
+        """A new message; ``parent_header`` is copied (``{}`` when None)."""
         return Message(
-            new_header(msg_type, self.session, self.username),
-            dict(parent_header),
+            new_header(msg_type, self.session_id, self.username),
+            dict(parent_header) if parent_header else {},
             metadata or {},
             content,
             buffers,
             identities,
         )
 
-    def reply(self, parent: Message, content: dict[str, Any], *, metadata: dict[str, Any] | None = None) -> Message:
-        """``<x>_reply`` to a ``<x>_request``, routed back to the sender."""
-        msg_type = parent.msg_type.rsplit("_", 1)[0] + "_reply"
-        return self.msg(msg_type, content, parent, metadata=metadata, identities=parent.identities)
+    def reply(self, request: Message, content: dict[str, Any], *, metadata: dict[str, Any] | None = None) -> Message:
+        """``<x>_reply`` to a ``<x>_request``, routed back to its sender."""
+        msg_type = reply_type(request.msg_type)
+        return self.msg(msg_type, content, request.header, metadata=metadata, identities=request.identities)
 
     def iopub(
-        self, msg_type: str, content: dict[str, Any], parent: Message | dict[str, Any] | None, **kw: Any
+        self, msg_type: str, content: dict[str, Any], parent_header: dict[str, Any] | None, **kw: Any
     ) -> Message:
-        return self.msg(msg_type, content, parent, identities=(iopub_topic(msg_type),), **kw)
+        """An IOPub message with the ``kernel.<pid>.<msg_type>`` topic."""
+        return self.msg(msg_type, content, parent_header, identities=(iopub_topic(msg_type),), **kw)
 
-    def status(self, state: str, parent: Message | dict[str, Any] | None) -> Message:
-        """IOPub ``status`` with ``execution_state`` busy/idle/starting."""
-        return self.iopub("status", {"execution_state": state}, parent)
+    def status(self, state: str, parent_header: dict[str, Any] | None) -> Message:
+        """IOPub ``status`` with ``execution_state`` busy/idle/starting (spec "Kernel status")."""
+        return self.iopub("status", {"execution_state": state}, parent_header)
+
+
+def reply_type(request_type: str) -> str:
+    """``"execute_request"`` → ``"execute_reply"``; a name without the
+    ``_request`` suffix gets ``_reply`` appended (``"foo"`` → ``"foo_reply"``)."""
+    base = request_type[: -len("_request")] if request_type.endswith("_request") else request_type
+    return base + "_reply"
 
 
 def language_info() -> dict[str, Any]:

@@ -22,8 +22,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from .iopub import IOPubQueue
-from .messages import Session
-from .wire import Signer
+from .messages import MessageBuilder
 
 
 class _ForkState:
@@ -117,9 +116,8 @@ class Publisher:
     """Sends IOPub messages from user-side code (display, errors, comms),
     parented to the request whose code is running (see ParentTracker)."""
 
-    def __init__(self, session: Session, signer: Signer, queue: IOPubQueue, parents: ParentTracker):
-        self.session = session
-        self.signer = signer
+    def __init__(self, builder: MessageBuilder, queue: IOPubQueue, parents: ParentTracker):
+        self.builder = builder
         self.queue = queue
         self.parents = parents
 
@@ -141,8 +139,8 @@ class Publisher:
                 file=sys.__stderr__,
             )
             return
-        msg = self.session.iopub(msg_type, content, self.parents.get(), metadata=metadata or {}, buffers=buffers)
-        self.queue.put(msg, self.signer)
+        msg = self.builder.iopub(msg_type, content, self.parents.get(), metadata=metadata or {}, buffers=buffers)
+        self.queue.send_from_thread(msg)
 
 
 def install(queue: IOPubQueue, parents: ParentTracker, *, capture_fds: bool = True) -> None:

@@ -52,6 +52,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Bool, Enum, Float, Integer, Unicode
 
+from .config import write_json_atomic
 from .errors import HandshakeError, ProtocolError
 from .handshake import (
     PORT_NAMES,
@@ -110,21 +111,10 @@ def wants_handshake(
 
 
 def write_registration_file(path: pathlib.Path, info: Mapping[str, Any]) -> None:
-    """Write ``info`` as JSON to ``path`` with mode 0600, atomically.
-
-    The temporary file is created 0600 with O_EXCL, so the key is never
-    readable by others, then renamed over ``path``. Raises OSError.
-    """
+    """Write ``info`` as JSON to ``path``, mode 0600, atomically (its folder
+    is created 0700 if missing). Raises OSError."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(dict(info), f, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_json_atomic(path, info)
 
 
 class _StderrTail:

@@ -1,6 +1,6 @@
 """IPython integration: execute, complete, inspect, is_complete, history.
 
-Runs only on the main thread, inside the user trio run (executor.py).
+Runs only on the main thread, inside the user trio run (userrun.py; job bodies in jobs.py).
 Display goes out as IOPub display_data / update_display_data /
 clear_output / execute_result / error (messaging spec "IOPub"); ``?`` and
 ``%page`` become ``page`` payloads; ``exit`` becomes an ``ask_exit``
@@ -31,7 +31,7 @@ from IPython.utils.tokenutil import token_at_cursor
 from traitlets import Any as TAny
 from traitlets import Instance, Type
 
-from .outstream import Publisher
+from .outstream import ParentTracker, Publisher
 
 log = logging.getLogger("trikernel.shell")
 
@@ -115,7 +115,7 @@ class TrikernelShell(InteractiveShell):
         self._payloads().write_payload({"source": "ask_exit", "keepkernel": self.keepkernel_on_exit})
 
     keepkernel_on_exit = False
-    #: the trikernel Kernel (ipywidgets and friends look for ``shell.kernel``)
+    #: what ``get_ipython().kernel`` offers user code (ShellKernel)
     kernel: Any = None
 
     def _payloads(self) -> Any:
@@ -157,6 +157,29 @@ class TrikernelShell(InteractiveShell):
 
 
 InteractiveShellABC.register(TrikernelShell)
+
+
+class ShellKernel:
+    """``get_ipython().kernel``: the part of the kernel user code may reach.
+
+    Libraries look here for the request being served (ipywidgets' ``Output``
+    widget calls ``get_parent()``; older ones read ``_parent_header``).
+    Resolved per context: the execute request inside a cell, the comm
+    message inside a widget callback, the starting cell in its background
+    trio tasks. Call from any thread.
+    """
+
+    def __init__(self, parents: ParentTracker):
+        self._parents = parents
+
+    def get_parent(self, channel: str | None = None) -> dict[str, Any]:
+        """The parent *message* (only its ``header`` is filled in) of the
+        code running in this context; ``channel`` is accepted and ignored."""
+        return {"header": self._parents.get(), "parent_header": {}, "metadata": {}, "content": {}}
+
+    @property
+    def _parent_header(self) -> dict[str, Any]:
+        return self.get_parent()
 
 
 def create_shell(publisher: Publisher) -> TrikernelShell:

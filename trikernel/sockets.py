@@ -5,7 +5,8 @@ Creates the five channel sockets, applies every option (socket options from
 into the listener at bind time, so a subscriber that connects later gets
 the values in force then — and binds given or random ports.
 
-Owners after creation: shell/control/stdin → their tasks in channels.py,
+Owners after creation: shell/control → their tasks in dispatch.py, stdin →
+stdinbridge.py,
 iopub → iopub.py's task, hb → heartbeat.py's thread. Sockets are created on
 the main thread before the io thread starts (the thread start is the memory
 barrier ZeroMQ asks for when a socket changes threads).
@@ -15,17 +16,21 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
-from .channels import CHANNELS, SOCKET_TYPE_NAMES
+from .channels import CHANNELS, REQUEST_CHANNELS, SOCKET_TYPE_NAMES
 from .config import ConnectionInfo
 from .errors import BindError, ConfigError
 
 log = logging.getLogger("trikernel.sockets")
+
+#: Seconds between two log lines about undeliverable replies on one socket.
+DROP_LOG_INTERVAL = 5.0
 
 #: pyzmq socket type of each channel (names in channels.py).
 SOCKET_TYPES: dict[str, int] = {c: int(getattr(zmq, t)) for c, t in SOCKET_TYPE_NAMES.items()}
@@ -84,6 +89,10 @@ def create_and_bind(conn: ConnectionInfo, configure: Configure) -> BoundSockets:
             sock = c.socket(SOCKET_TYPES[channel])
             socks[channel] = sock
             configure(sock, channel)
+            if channel in REQUEST_CHANNELS:
+                # a reply that cannot be routed raises (TrioSocket counts and
+                # logs it) instead of vanishing silently at a full or gone peer
+                sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             _apply_curve(sock, conn)
             port = conn.port(channel)
             try:
@@ -126,23 +135,33 @@ class TrioSocket:
     message (zmq_getsockopt(3), "ZMQ_FD"). So: the one reader always tries a
     non-blocking recv before it waits on the FD, and every send re-checks
     ``EVENTS`` afterwards and wakes the reader if a message is pending.
-    (zmq-anyio 0.4.1 lost shell requests this way when a reply was sent
-    while its reader waited — reproduced in tests/test_kernel.py's
-    extra-subscriber test — so trikernel drives sockets itself.)
 
-    One task may call :meth:`recv_multipart` at a time; any task of the same
-    run may call :meth:`send_multipart`.
+    Cancellation: :meth:`recv_multipart` checkpoints *before* it takes a
+    message off the socket, never after, so a cancelled receive loses
+    nothing; a flood still yields to the run's other tasks at every message.
+
+    Drops are visible: the kernel's ROUTERs are created with
+    ``ROUTER_MANDATORY`` (create_and_bind), so a reply to a peer that is gone
+    or past its high-water mark raises instead of vanishing; it is counted in
+    ``dropped`` and logged (at most one line per DROP_LOG_INTERVAL).
+
+    Threads: only tasks (or ``run_sync_soon`` callbacks) of the run that
+    owns the socket may call it; one task at a time may receive.
     """
 
-    def __init__(self, sock: zmq.Socket, name: str):
+    def __init__(self, sock: zmq.Socket[Any], name: str):
         self.sock = sock
         self.name = name
         self.fd = int(sock.getsockopt(zmq.FD))
+        self.dropped = 0  #: replies that could not be routed (peer gone or past its HWM)
+        self._last_drop_log = -DROP_LOG_INTERVAL
         self._waiter: Any = None  # the reader's trio.CancelScope while it waits
 
     async def recv_multipart(self) -> list[bytes]:
+        """Wait for and return the next message's frames (a checkpoint)."""
         import trio
 
+        await trio.lowlevel.checkpoint()
         while True:
             try:
                 return self.sock.recv_multipart(zmq.NOBLOCK)
@@ -155,12 +174,30 @@ class TrioSocket:
                 finally:
                     self._waiter = None
 
-    def send_multipart(self, frames: list[bytes]) -> None:
-        """Send without blocking; a ROUTER drops for a peer past its HWM."""
+    def recv_multipart_nowait(self) -> list[bytes] | None:
+        """The next message's frames if one is queued, else None (no checkpoint)."""
+        try:
+            return self.sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+
+    def send_nowait(self, frames: list[bytes]) -> bool:
+        """Send without blocking; returns False (counted, logged) when a
+        ROUTER cannot route the message: the peer is gone (EHOSTUNREACH) or
+        past its high-water mark (EAGAIN)."""
         try:
             self.sock.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("%s: peer not reading (HWM reached); a reply was dropped", self.name)
+            return True
+        except zmq.ZMQError as exc:
+            if exc.errno not in (zmq.EAGAIN, zmq.EHOSTUNREACH):
+                raise
+            self.dropped += 1
+            now = time.monotonic()
+            if now - self._last_drop_log >= DROP_LOG_INTERVAL:
+                self._last_drop_log = now
+                why = "peer past its high-water mark" if exc.errno == zmq.EAGAIN else "peer is gone"
+                log.warning("%s: a message could not be delivered (%s); %d dropped so far", self.name, why, self.dropped)
+            return False
         finally:
             if self._waiter is not None and int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 self._waiter.cancel()

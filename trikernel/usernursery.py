@@ -28,9 +28,12 @@ log = logging.getLogger("trikernel.usernursery")
 class UserNursery:
     """A view of the kernel's user nursery that reports task errors."""
 
-    def __init__(self, nursery: trio.Nursery, kernel: Any):
+    def __init__(self, nursery: trio.Nursery, showtraceback: Callable[[tuple[type, BaseException, Any]], None]):
+        """``nursery``: the user run's nursery (until :meth:`host` opens the
+        tasks' own); ``showtraceback``: shows an error as an IOPub ``error``
+        output (the shell's ``showtraceback``)."""
         self._nursery = nursery  # until host() runs: the user run's own nursery
-        self._kernel = kernel
+        self._showtraceback = showtraceback
 
     async def host(self) -> None:
         """Hold the user tasks' nursery open; reopen it after a user cancels it.
@@ -55,12 +58,11 @@ class UserNursery:
         return self._nursery.child_tasks
 
     def _report(self, exc: BaseException) -> None:
-        shell = self._kernel.shell
         tb = exc.__traceback__
         if tb is not None and tb.tb_next is not None:
             tb = tb.tb_next  # hide our own wrapper's frame
         try:
-            shell.showtraceback((type(exc), exc, tb))
+            self._showtraceback((type(exc), exc, tb))
         except Exception:
             log.exception("could not show a background task's error")
 

@@ -1,0 +1,417 @@
+"""Tier 2: the io run (dispatch, stdin bridge, IOPub) with a fake user run.
+
+The real io run (iorun.IORun with dispatch.Dispatcher, stdinbridge.StdinBridge
+and iopub.IOPubTask) serves real ZeroMQ sockets on loopback, bound by
+sockets.create_and_bind with the default options. The user run is a fake
+(xeus's mock interpreter and ipykernel's MockKernel are the models): jobs
+run as tasks of the io run itself, and FakeJobs answers like ShellJobs
+would, or fails on purpose. Clients are jupyter_client Session objects on
+raw DEALER/SUB sockets. No kernel subprocess, no IPython: fast.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import trio
+import zmq
+from jupyter_client.session import Session
+
+from trikernel import sockopts
+from trikernel.config import ConnectionInfo, KernelConfig
+from trikernel.dispatch import ROUTES, DispatchDeps, Dispatcher
+from trikernel.errors import KernelShuttingDown
+from trikernel.inbound import InboundParser
+from trikernel.iopub import IOPubQueue, IOPubStats, IOPubTask
+from trikernel.iorun import IORun, IORunParts
+from trikernel.messages import MessageBuilder, kernel_info_content
+from trikernel.sockets import BoundSockets, TrioSocket, create_and_bind
+from trikernel.stdinbridge import StdinBridge
+from trikernel.userrun import Job
+from trikernel.wire import Message, Signer
+
+pytestmark = pytest.mark.timeout(60)
+
+KEY = b"tier2-dispatch-key"
+TIMEOUT = 10.0
+
+
+class FakeUserRun:
+    """Runs each job as a system task of the io run (no second thread)."""
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self.busy = False
+        self.stopping = False
+        self.interrupts = 0
+        self.refuse = False  # behave like a user run that has ended
+
+    def start_job_soon(self, job: Job) -> None:
+        if self.refuse:
+            raise KernelShuttingDown("the user run has ended")
+        trio.lowlevel.spawn_system_task(job.run)
+
+    start_task_soon = start_job_soon
+
+    def interrupt(self) -> None:
+        self.interrupts += 1
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.stopped.set()
+
+
+@dataclass
+class FakeJobs:
+    """Stands in for jobs.ShellJobs; ``execute`` obeys the cell's code."""
+
+    execution_count: int = 1
+    ran: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    stdin: StdinBridge | None = None
+
+    async def execute(self, msg: Message) -> dict[str, Any]:
+        code = msg.content.get("code", "")
+        if code == "interrupted":
+            raise KeyboardInterrupt
+        if code == "crash":
+            raise RuntimeError("bug in a job")
+        if code.startswith("input"):
+            assert self.stdin is not None
+            value = await trio.to_thread.run_sync(self.stdin.request_input, msg, code, False)
+            self.inputs.append(value)
+        self.ran.append(code)
+        self.execution_count += 1
+        if code == "fail":
+            return {"status": "error", "ename": "ValueError", "evalue": "x", "traceback": [],
+                    "execution_count": self.execution_count - 1}
+        return {"status": "ok", "execution_count": self.execution_count - 1, "user_expressions": {}, "payload": []}
+
+    def complete(self, msg: Message) -> dict[str, Any]:
+        return {"status": "ok", "matches": ["x"], "cursor_start": 0, "cursor_end": 0, "metadata": {}}
+
+    def inspect(self, msg: Message) -> dict[str, Any]:
+        return {"status": "ok", "found": False, "data": {}, "metadata": {}}
+
+    def is_complete(self, msg: Message) -> dict[str, Any]:
+        return {"status": "complete"}
+
+    def history(self, msg: Message) -> dict[str, Any]:
+        return {"status": "ok", "history": []}
+
+    def comm(self, msg: Message) -> None:
+        if msg.content.get("data", {}).get("interrupt"):
+            raise KeyboardInterrupt
+
+    def comm_info(self, msg: Message) -> dict[str, Any]:
+        return {"status": "ok", "comms": {}}
+
+
+class Client:
+    """A jupyter_client Session on raw DEALER (shell, control, stdin) and SUB sockets."""
+
+    def __init__(self, ctx: zmq.Context[Any], ports: dict[str, int]):
+        self.session = Session(key=KEY)
+        self.socks: dict[str, zmq.Socket[Any]] = {}
+        ident = self.session.bsession
+        for channel in ("shell", "control", "stdin"):
+            s = ctx.socket(zmq.DEALER)
+            s.linger = 0
+            s.setsockopt(zmq.IDENTITY, ident)
+            s.connect(f"tcp://127.0.0.1:{ports[channel + '_port']}")
+            self.socks[channel] = s
+        sub = ctx.socket(zmq.SUB)
+        sub.linger = 0
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(f"tcp://127.0.0.1:{ports['iopub_port']}")
+        self.socks["iopub"] = sub
+        self.wait_welcome()
+
+    def wait_welcome(self) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            if self.recv("iopub", 0.2, none_ok=True) is not None:
+                return
+        raise AssertionError("no iopub_welcome")
+
+    def send(self, channel: str, msg_type: str, content: dict[str, Any] | None = None, **header: Any) -> str:
+        msg = self.session.msg(msg_type, content or {})
+        msg["header"].update(header)
+        self.session.send(self.socks[channel], msg)
+        return str(msg["header"]["msg_id"])
+
+    def recv(self, channel: str, timeout: float = TIMEOUT, *, none_ok: bool = False) -> dict[str, Any] | None:
+        sock = self.socks[channel]
+        if not sock.poll(int(timeout * 1000)):
+            if none_ok:
+                return None
+            raise AssertionError(f"nothing on {channel} within {timeout}s")
+        _, frames = self.session.feed_identities(sock.recv_multipart())
+        return self.session.deserialize(frames)
+
+    def reply(self, channel: str, msg_id: str) -> dict[str, Any]:
+        while True:
+            m = self.recv(channel)
+            assert m is not None
+            if m["parent_header"].get("msg_id") == msg_id:
+                return m
+
+    def iopub_of(self, msg_id: str) -> list[dict[str, Any]]:
+        """IOPub messages of ``msg_id`` up to its idle."""
+        out: list[dict[str, Any]] = []
+        while True:
+            m = self.recv("iopub")
+            assert m is not None
+            if m["parent_header"].get("msg_id") != msg_id:
+                continue
+            out.append(m)
+            if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                return out
+
+
+@dataclass
+class Rig:
+    io: IORun
+    user_run: FakeUserRun
+    jobs: FakeJobs
+    client: Client
+    bound: BoundSockets
+    ctx: zmq.Context[Any]
+
+    def other_client(self) -> Client:
+        return Client(self.ctx, self.bound.ports)
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    options = sockopts.resolve([], {}, None)
+    bound = create_and_bind(ConnectionInfo(key=KEY), lambda s, c: sockopts.apply_options(s, c, options))
+    signer = Signer(KEY)
+    builder = MessageBuilder()
+    config = KernelConfig(shutdown_grace=1.0)
+    queue = IOPubQueue(1000, 1 << 16, IOPubStats(), signer)
+    user_run = FakeUserRun()
+    parse = InboundParser(signer)
+    stdin = StdinBridge(builder, signer, parse)
+    shut = threading.Event()
+    dispatcher = Dispatcher(
+        DispatchDeps(
+            builder=builder,
+            signer=signer,
+            queue=queue,
+            user_run=user_run,  # type: ignore[arg-type]
+            parse=parse,
+            kernel_info=kernel_info_content,
+            request_shutdown=shut.set,
+            sockets={c: TrioSocket(bound.sockets[c], c) for c in ("shell", "control")},
+        )
+    )
+    iopub = IOPubTask(bound.sockets["iopub"], queue, builder, send_timeout=5.0, warn_after=1.0)
+    io = IORun(
+        IORunParts(builder, queue, iopub, dispatcher, stdin, TrioSocket(bound.sockets["stdin"], "stdin"),
+                   user_run, config)  # type: ignore[arg-type]
+    )
+    io.start()
+    assert io.wait_ready()
+    jobs = FakeJobs(stdin=stdin)
+    io.token.run_sync_soon(dispatcher.user_side_ready, jobs)
+    ctx: zmq.Context[Any] = zmq.Context()
+    client = Client(ctx, bound.ports)
+    try:
+        yield Rig(io, user_run, jobs, client, bound, ctx)
+    finally:
+        io.request_shutdown()
+        assert io.join(10), "io run did not stop"
+        ctx.destroy(linger=0)
+        bound.close(linger=0, hb=True)
+        bound.context.term()
+        bound.hb_context.term()
+
+
+def states(msgs: list[dict[str, Any]]) -> list[str]:
+    return [m["content"]["execution_state"] for m in msgs if m["msg_type"] == "status"]
+
+
+@pytest.mark.parametrize(
+    ("channel", "msg_type", "content"),
+    [
+        ("shell", "execute_request", {"code": "ok", "silent": False}),
+        ("shell", "complete_request", {"code": "x", "cursor_pos": 1}),
+        ("shell", "inspect_request", {"code": "x", "cursor_pos": 1}),
+        ("shell", "is_complete_request", {"code": "x"}),
+        ("shell", "history_request", {"hist_access_type": "tail", "n": 1}),
+        ("shell", "comm_info_request", {}),
+        ("shell", "kernel_info_request", {}),
+        ("control", "kernel_info_request", {}),
+        ("control", "interrupt_request", {}),
+        ("control", "usage_request", {}),
+    ],
+)
+def test_every_request_is_bracketed_and_answered(rig: Rig, channel: str, msg_type: str, content: dict[str, Any]) -> None:
+    msg_id = rig.client.send(channel, msg_type, content)
+    reply = rig.client.reply(channel, msg_id)
+    assert reply["msg_type"] == msg_type.replace("_request", "_reply")
+    assert reply["content"]["status"] == ("complete" if msg_type == "is_complete_request" else "ok"), reply["content"]
+    assert states(rig.client.iopub_of(msg_id)) == ["busy", "idle"]
+
+
+def test_the_table_names_every_handler_once() -> None:
+    assert all(r.channels and r.handler for r in ROUTES.values())
+    assert {"execute_request", "kernel_info_request", "comm_msg", "usage_request"} <= set(ROUTES)
+
+
+@pytest.mark.parametrize("channel", ["shell", "control"])
+def test_unknown_requests_get_an_error_reply_and_busy_idle(rig: Rig, channel: str) -> None:
+    msg_id = rig.client.send(channel, "frobnicate_request", {})
+    reply = rig.client.reply(channel, msg_id)
+    assert reply["msg_type"] == "frobnicate_reply"
+    assert reply["content"]["status"] == "error"
+    assert "frobnicate_request" in reply["content"]["evalue"]
+    assert states(rig.client.iopub_of(msg_id)) == ["busy", "idle"]
+
+
+def test_unknown_non_request_on_shell_is_bracketed_without_reply(rig: Rig) -> None:
+    msg_id = rig.client.send("shell", "something_odd", {})
+    assert states(rig.client.iopub_of(msg_id)) == ["busy", "idle"]
+    assert rig.client.recv("shell", 0.3, none_ok=True) is None
+
+
+def test_shell_type_on_control_is_not_run(rig: Rig) -> None:
+    msg_id = rig.client.send("control", "execute_request", {"code": "on control"})
+    assert rig.client.reply("control", msg_id)["content"]["status"] == "error"
+    assert "on control" not in rig.jobs.ran
+
+
+@pytest.mark.parametrize(("code", "ename"), [("interrupted", "KeyboardInterrupt"), ("crash", "RuntimeError")])
+def test_a_failing_job_gets_an_error_reply_and_idle_and_the_channel_serves_on(rig: Rig, code: str, ename: str) -> None:
+    msg_id = rig.client.send("shell", "execute_request", {"code": code})
+    reply = rig.client.reply("shell", msg_id)
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == ename
+    assert "execution_count" in reply["content"]
+    assert states(rig.client.iopub_of(msg_id)) == ["busy", "idle"]
+    msg_id = rig.client.send("shell", "execute_request", {"code": "after"})
+    assert rig.client.reply("shell", msg_id)["content"]["status"] == "ok"
+
+
+def test_interrupted_comm_handler_and_comm_info_at_shutdown_keep_the_run(rig: Rig) -> None:
+    """Issue 9.9: a JobInterrupted or a shut-down user run on the comm path
+    used to escape into the shell task's nursery and end the io run."""
+    msg_id = rig.client.send("shell", "comm_msg", {"comm_id": "c", "data": {"interrupt": True}})
+    assert states(rig.client.iopub_of(msg_id)) == ["busy", "idle"]
+    rig.user_run.refuse = True
+    msg_id = rig.client.send("shell", "comm_info_request", {})
+    reply = rig.client.reply("shell", msg_id)
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KernelShuttingDown"
+    assert states(rig.client.iopub_of(msg_id)) == ["busy", "idle"]
+    rig.user_run.refuse = False
+    msg_id = rig.client.send("control", "kernel_info_request")
+    assert rig.client.reply("control", msg_id)["content"]["status"] == "ok"
+
+
+def test_interrupt_request_interrupts_the_user_run(rig: Rig) -> None:
+    rig.client.reply("control", rig.client.send("control", "interrupt_request"))
+    assert rig.user_run.interrupts == 1
+
+
+def test_stop_on_error_aborts_only_queued_executes(rig: Rig) -> None:
+    c = rig.client
+    ids = [c.send("shell", "execute_request", {"code": "fail"})]
+    ids.append(c.send("shell", "complete_request", {"code": "x", "cursor_pos": 1}))
+    ids += [c.send("shell", "execute_request", {"code": f"cell {i}"}) for i in range(20)]
+    ids.append(c.send("shell", "inspect_request", {"code": "x", "cursor_pos": 1}))
+    replies = {r["parent_header"]["msg_id"]: r for r in (c.recv("shell") for _ in ids) if r}
+    assert replies[ids[0]]["content"]["ename"] == "ValueError"
+    assert replies[ids[1]]["content"]["status"] == "ok"  # complete answered normally
+    assert replies[ids[-1]]["content"]["status"] == "ok"  # inspect too
+    aborted = [replies[i]["content"].get("ename") for i in ids[2:-1]]
+    assert aborted == ["ExecutionAborted"] * 20
+    assert [replies[i]["metadata"]["status"] for i in ids[2:-1]] == ["aborted"] * 20
+    assert rig.jobs.ran == ["fail"]
+    # a request sent after the error reply runs normally
+    after = c.send("shell", "execute_request", {"code": "after"})
+    assert c.reply("shell", after)["content"]["status"] == "ok"
+
+
+def test_stop_on_error_false_and_silent_do_not_abort(rig: Rig) -> None:
+    c = rig.client
+    first = c.send("shell", "execute_request", {"code": "fail", "stop_on_error": False})
+    second = c.send("shell", "execute_request", {"code": "next"})
+    c.reply("shell", first)
+    assert c.reply("shell", second)["content"]["status"] == "ok"
+
+
+def test_abort_window_uses_the_clients_clock_not_the_kernels(rig: Rig) -> None:
+    """A client whose clock is an hour behind: its requests sent after the
+    error reply still run; those dated before the failure are aborted even
+    when they arrive late."""
+    c = rig.client
+    hour_ago = time.time() - 3600
+
+    def dated(offset: float) -> str:
+        from datetime import UTC, datetime
+
+        return datetime.fromtimestamp(hour_ago + offset, UTC).isoformat()
+
+    failed = c.send("shell", "execute_request", {"code": "fail"}, date=dated(0))
+    c.reply("shell", failed)
+    late_but_sent_before = c.send("shell", "execute_request", {"code": "late"}, date=dated(0.0001))
+    assert c.reply("shell", late_but_sent_before)["content"]["ename"] == "ExecutionAborted"
+    after = c.send("shell", "execute_request", {"code": "after"}, date=dated(60))
+    assert c.reply("shell", after)["content"]["status"] == "ok"
+    assert "late" not in rig.jobs.ran and "after" in rig.jobs.ran
+
+
+def test_two_inputs_at_once_each_get_their_own_answer(rig: Rig) -> None:
+    c = rig.client
+    second = rig.other_client()
+    ids = [c.send("shell", "execute_request", {"code": "input A", "allow_stdin": True})]
+    ids.append(second.send("shell", "execute_request", {"code": "input B", "allow_stdin": True}))
+    # sequential lane: A asks first; answer it, then B asks
+    req_a = c.recv("stdin")
+    assert req_a is not None and req_a["content"]["prompt"] == "input A"
+    c.session.send(c.socks["stdin"], c.session.msg("input_reply", {"value": "a"}, parent=req_a))
+    req_b = second.recv("stdin")
+    assert req_b is not None and req_b["content"]["prompt"] == "input B"
+    second.session.send(second.socks["stdin"], second.session.msg("input_reply", {"value": "b"}, parent=req_b))
+    c.reply("shell", ids[0])
+    second.reply("shell", ids[1])
+    assert rig.jobs.inputs == ["a", "b"]
+
+
+def test_control_is_served_while_a_flood_arrives_on_shell(rig: Rig) -> None:
+    """The channel tasks checkpoint per message: a continuous flood on shell
+    does not starve control (issue 9.9: the receive fast path returned
+    without a checkpoint)."""
+    flooder = rig.ctx.socket(zmq.DEALER)
+    flooder.linger = 0
+    flooder.connect(f"tcp://127.0.0.1:{rig.bound.ports['shell_port']}")
+    stop = threading.Event()
+
+    def flood() -> None:
+        while not stop.is_set():
+            flooder.send_multipart([b"<IDS|MSG>", b"bad", b"{}", b"{}", b"{}", b"{}"])
+
+    t = threading.Thread(target=flood, daemon=True)
+    t.start()
+    try:
+        time.sleep(0.3)  # the flood is on (it runs until stopped; nothing to wait for)
+        t0 = time.monotonic()
+        rig.client.reply("control", rig.client.send("control", "kernel_info_request"))
+        elapsed = time.monotonic() - t0
+    finally:
+        stop.set()
+        t.join(5)
+        flooder.close(linger=0)
+    assert elapsed < 1.0, elapsed
+
+
+def test_shutdown_reply_then_shutdown(rig: Rig) -> None:
+    msg_id = rig.client.send("control", "shutdown_request", {"restart": False})
+    reply = rig.client.reply("control", msg_id)
+    assert reply["content"] == {"status": "ok", "restart": False}
+    assert states(rig.client.iopub_of(msg_id)) == ["busy", "idle"]

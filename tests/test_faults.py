@@ -1,0 +1,421 @@
+"""Tier 3: faults from issue 9 (real bug reports, a newcomer's path, a read of
+the code), each input kept as a regression test against a real kernel.
+
+Sections 4 (stop_on_error), 6 (SIGINT disposition), 7 (unknown requests,
+usage_request), 9 (read in the code) and 10 (a new user's path). Output,
+thread routing, the Output widget, formatting and tracebacks have their own
+files (test_output*.py, test_tracebacks.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from conftest import TIMEOUT, execute, start_kernel, stop_kernel, wait_for_marker
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def reply_of(kc: Any, msg_id: str, get: Any = None, timeout: float = TIMEOUT) -> dict[str, Any]:
+    get = get or kc.get_shell_msg
+    while True:
+        r = get(timeout=timeout)
+        if r["parent_header"].get("msg_id") == msg_id:
+            return r
+
+
+def statuses_of(kc: Any, msg_id: str, timeout: float = TIMEOUT) -> list[str]:
+    out = []
+    deadline = time.monotonic() + timeout
+    while "idle" not in out:
+        m = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "status":
+            out.append(m["content"]["execution_state"])
+    return out
+
+
+# --------------------------------------------------------------- 4. stop_on_error
+
+
+def test_only_execute_requests_are_aborted(kernel: Any) -> None:
+    km, kc = kernel
+    first = kc.execute("raise ValueError('first')")
+    queued = [
+        kc.complete("impo", 4),
+        kc.inspect("print", 5),
+        kc.is_complete("for i in x:"),
+        kc.history(hist_access_type="tail", n=2),
+        kc.execute("ran_after_error = True"),
+    ]
+    assert reply_of(kc, first)["content"]["ename"] == "ValueError"
+    replies = [reply_of(kc, m) for m in queued]
+    assert [r["content"]["status"] for r in replies[:4]] == ["ok", "ok", "incomplete", "ok"]
+    assert replies[4]["content"]["ename"] == "ExecutionAborted"
+    r, _ = execute(kc, "'ran_after_error' in globals()")
+    assert r["content"]["status"] == "ok"
+    r, out = execute(kc, "print('ran_after_error' in globals())")
+    assert "False" in "".join(m["content"].get("text", "") for m in out)
+
+
+def _execute_request(kc: Any, code: str) -> dict[str, Any]:
+    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+               "allow_stdin": False, "stop_on_error": True}
+    return kc.session.msg("execute_request", content)
+
+
+def test_run_all_with_a_failing_first_cell_runs_none_of_the_rest(kernel: Any) -> None:
+    """"Run All": one failing cell and 40 more sent at once; 10 of 10 trials.
+
+    The 41 requests are made first and then sent back to back, as a
+    frontend's Run All does; whether they reach the kernel before or after
+    the first one fails does not matter."""
+    km, kc = kernel
+    execute(kc, "ran = []")
+    for trial in range(10):
+        msgs = [_execute_request(kc, "1/0")] + [_execute_request(kc, f"ran.append({trial * 100 + i})") for i in range(40)]
+        for m in msgs:
+            kc.shell_channel.send(m)
+        ids = [m["header"]["msg_id"] for m in msgs]
+        replies = [reply_of(kc, m) for m in ids]
+        assert replies[0]["content"]["ename"] == "ZeroDivisionError"
+        enames = [r["content"].get("ename") for r in replies[1:]]
+        assert enames == ["ExecutionAborted"] * 40, (trial, enames)
+        # a request sent after the error reply runs normally
+        r, out = execute(kc, "print(len(ran))")
+        assert r["content"]["status"] == "ok"
+        assert "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream") == "0\n", trial
+
+
+# ------------------------------------------------------------ 7. unknown requests
+
+
+@pytest.mark.parametrize("channel", ["shell", "control"])
+def test_unknown_request_gets_error_reply_and_busy_idle(kernel: Any, channel: str) -> None:
+    km, kc = kernel
+    msg = kc.session.msg("frobnicate_request", {})
+    getattr(kc, f"{channel}_channel").send(msg)
+    msg_id = msg["header"]["msg_id"]
+    reply = reply_of(kc, msg_id, getattr(kc, f"get_{channel}_msg"))
+    assert reply["msg_type"] == "frobnicate_reply"
+    assert reply["content"]["status"] == "error"
+    assert "frobnicate_request" in reply["content"]["evalue"]
+    assert statuses_of(kc, msg_id) == ["busy", "idle"]
+
+
+def test_any_shell_message_is_bracketed(kernel: Any) -> None:
+    km, kc = kernel
+    msg = kc.session.msg("not_a_request", {})
+    kc.shell_channel.send(msg)
+    assert statuses_of(kc, msg["header"]["msg_id"]) == ["busy", "idle"]
+
+
+def test_usage_request_on_control(kernel: Any) -> None:
+    """ipykernel 7's usage_request, as jupyter-resource-usage reads it."""
+    km, kc = kernel
+    msg = kc.session.msg("usage_request", {})
+    kc.control_channel.send(msg)
+    reply = reply_of(kc, msg["header"]["msg_id"], kc.get_control_msg)
+    c = reply["content"]
+    assert reply["msg_type"] == "usage_reply"
+    assert c["pid"] == km.provisioner.process.pid
+    assert isinstance(c["hostname"], str) and c["cpu_count"] >= 1
+    assert c["kernel_memory"] > 10 * 2**20  # a Python kernel with IPython: well over 10 MiB
+    assert isinstance(c["kernel_cpu"], float)
+    assert c["host_virtual_memory"]["total"] > 0
+
+
+# ------------------------------------------------------------ 6. SIGINT disposition
+
+
+def _interrupt_and_time(km: Any, kc: Any, code: str = "import time; print('STARTED'); time.sleep(20)") -> float:
+    msg_id = kc.execute(code)
+    wait_for_marker(kc, msg_id)
+    t0 = time.monotonic()
+    km.interrupt_kernel()
+    r = reply_of(kc, msg_id)
+    assert r["content"]["ename"] == "KeyboardInterrupt", r["content"]
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("mode", ["signal", "message"])
+@pytest.mark.parametrize("disposition", ["SIG_IGN", "SIG_DFL", "handler"])
+def test_interrupts_survive_user_sigint_changes(jupyter_path: str, mode: str, disposition: str) -> None:
+    km, kc = start_kernel(f"trikernel-test-{mode}")
+    try:
+        setup = {
+            "SIG_IGN": "signal.signal(signal.SIGINT, signal.SIG_IGN)",
+            "SIG_DFL": "signal.signal(signal.SIGINT, signal.SIG_DFL)",
+            "handler": "signal.signal(signal.SIGINT, lambda *a: None)",
+        }[disposition]
+        r, _ = execute(kc, f"import signal\n{setup}")
+        assert r["content"]["status"] == "ok"
+        assert _interrupt_and_time(km, kc) < 1.0
+        assert km.is_alive()
+        r, _ = execute(kc, "1 + 1")
+        assert r["content"]["status"] == "ok"
+        # the kernel survives an interrupt while idle after such a cell, too
+        execute(kc, f"import signal\n{setup}")
+        km.interrupt_kernel()
+        # an interrupt while idle is taken by the idle lane; give it time to
+        # land (no event says so from outside) so that it cannot hit the next cell
+        time.sleep(0.5)
+        r, _ = execute(kc, "2 + 2")
+        assert r["content"]["status"] == "ok" and km.is_alive()
+    finally:
+        stop_kernel(km, kc)
+
+
+def test_a_kernel_started_with_sigint_ignored_gets_interrupts(jupyter_path: str, tmp_path: Any) -> None:
+    """`nohup kernel &`, as remote launchers over SSH start kernels."""
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="trikernel-test-signal")
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child across exec
+    try:
+        km.start_kernel()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=TIMEOUT)
+        assert _interrupt_and_time(km, kc) < 1.0
+    finally:
+        stop_kernel(km, kc)
+
+
+# ------------------------------------------------------------ 9. read in the code
+
+
+def test_interrupts_between_jobs_never_wedge_the_sequential_lane(jupyter_path: str) -> None:
+    """An interrupt landing in the hand-off between two jobs used to lose the
+    job: its request never got a reply."""
+    km, kc = start_kernel("trikernel-test-message")
+    try:
+        for _ in range(5):
+            ids = [kc.execute("pass") for _ in range(60)]
+            for _ in range(60):
+                km.interrupt_kernel()
+            for m in ids:
+                r = reply_of(kc, m, timeout=20)
+                assert r["content"]["status"] in ("ok", "error")
+        r, _ = execute(kc, "1 + 1")
+        assert r["content"]["status"] == "ok"
+    finally:
+        stop_kernel(km, kc)
+
+
+def test_display_from_a_thread_at_shutdown_does_not_block_exit(jupyter_path: str) -> None:
+    """IOPubQueue.close() used to leave producers waiting for credit forever:
+    a (non-daemon) thread blocked in display() on a full queue kept the
+    process from exiting until it was killed."""
+    import zmq
+    from conftest import make_kernelspec
+
+    make_kernelspec(jupyter_path, "trikernel-test-stuck", extra_argv=["--iopub-send-timeout", "600"])
+    km, kc = start_kernel("trikernel-test-stuck")
+    km.shutdown_wait_time = 30
+    ctx = zmq.Context()
+    stuck = ctx.socket(zmq.SUB)
+    stuck.linger = 0
+    stuck.rcvhwm = 1
+    stuck.setsockopt(zmq.SUBSCRIBE, b"")
+    stuck.connect(f"tcp://127.0.0.1:{km.get_connection_info()['iopub_port']}")
+    try:
+        time.sleep(0.5)  # the stuck subscription reaches the kernel (no event from outside)
+        code = (
+            "import threading\nfrom IPython.display import display\n"
+            "def spam():\n    for i in range(200000):\n        display({'text/plain': 'x' * 200}, raw=True)\n"
+            "t = threading.Thread(target=spam)\nt.start()\nprint('STARTED')"
+        )
+        msg_id = kc.execute(code)
+        wait_for_marker(kc, msg_id)
+        popen = km.provisioner.process
+        time.sleep(1.0)  # the queue fills behind the stuck subscriber (no event for "full")
+        km.shutdown_kernel(now=False)
+        assert popen.wait(timeout=30) == 0, "the kernel was killed instead of exiting"
+    finally:
+        stuck.close(linger=0)
+        ctx.term()
+        kc.stop_channels()
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
+
+
+def test_replies_to_a_vanished_client_are_counted_not_fatal(jupyter_path: str, tmp_path: Any) -> None:
+    """ROUTER_MANDATORY: a reply to a gone peer is logged and counted (the
+    old ``zmq.Again`` branch could never fire: a ROUTER dropped silently)."""
+    import zmq
+
+    log_path = tmp_path / "kernel.log"
+    with open(log_path, "w") as log:
+        km, kc = start_kernel("trikernel-test-signal", stderr=log)
+    try:
+        info = km.get_connection_info(session=True)
+        ctx = zmq.Context()
+        s = ctx.socket(zmq.DEALER)
+        s.linger = 0
+        s.setsockopt(zmq.IDENTITY, b"vanishing-peer")
+        s.connect(f"tcp://127.0.0.1:{info['shell_port']}")
+        msg = kc.session.msg("execute_request", {"code": "import time; time.sleep(0.3)", "silent": False})
+        kc.session.send(s, msg)
+        while True:  # the request is running: its busy status names it
+            m = kc.get_iopub_msg(timeout=TIMEOUT)
+            if m["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                break
+        s.close(linger=0)
+        ctx.term()
+        r, _ = execute(kc, "1")
+        assert r["content"]["status"] == "ok" and km.is_alive()
+    finally:
+        stop_kernel(km, kc)
+    assert "could not be delivered (peer is gone)" in log_path.read_text()
+
+
+# ------------------------------------------------------------ 10. a new user's path
+
+
+def _run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trikernel", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize("level", ["debug", "info", "Warning"])
+def test_log_level_env_is_case_insensitive(tmp_path: Any, level: str) -> None:
+    p = _run_cli("-f", str(tmp_path / "missing.json"), env={"TRIKERNEL_LOG_LEVEL": level})
+    assert p.returncode == 2 and "cannot read" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["-f", "x.json"], {"TRIKERNEL_LOG_LEVEL": "VERBOSE"}, "TRIKERNEL_LOG_LEVEL"),
+        (["-f", "x.json", "--log-level", "loud"], {}, "--log-level"),
+        (["install", "--prefix", "{tmp}", "--name", "bad name!"], {}, "--name"),
+        (["install", "--prefix", "/proc/trikernel-cannot-write-here"], {}, "--prefix"),
+        (["-f", "x.json", "--iopub-capacity", "0"], {}, "--iopub-capacity"),
+    ],
+)
+def test_bad_options_are_one_line_naming_the_field(tmp_path: Any, args: list[str], env: dict[str, str], needle: str) -> None:
+    p = _run_cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], env=env)
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert any(needle in ln for ln in lines), p.stderr
+    assert len(lines) <= 3, p.stderr  # argparse: usage line + error; ours: one line
+
+
+def test_help_mentions_install_and_version_prints(tmp_path: Any) -> None:
+    assert "install" in _run_cli("--help").stdout
+    p = _run_cli("--version")
+    from trikernel import __version__
+
+    assert p.returncode == 0 and __version__ in p.stdout
+
+
+def test_curve_warning_only_beyond_loopback(jupyter_path: str, tmp_path: Any) -> None:
+    """Default Jupyter tools start kernels on loopback without CurveZMQ: no
+    warning then (info level); beyond loopback it is a warning."""
+    from trikernel.cli import _is_loopback
+
+    assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
+    assert not _is_loopback("0.0.0.0") and not _is_loopback("10.1.2.3") and not _is_loopback("*")
+    log_path = tmp_path / "kernel.log"
+    with open(log_path, "w") as log:
+        km, kc = start_kernel("trikernel-test-signal", stderr=log)
+    stop_kernel(km, kc)
+    assert "CurveZMQ" not in log_path.read_text()
+
+
+def test_jpy_parent_pid_of_another_process_is_ignored(tmp_path: Any) -> None:
+    """Wrappers set JPY_PARENT_PID to a process that is not our parent; ipykernel
+    then does not watch it, and neither may we."""
+    from jupyter_client.connect import write_connection_file
+
+    path = str(tmp_path / "c.json")
+    write_connection_file(path, ip="127.0.0.1", key=b"k")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    p = subprocess.Popen(
+        [sys.executable, "-m", "trikernel", "-f", path, "--parent-poll-interval", "0.1"],
+        env={**os.environ, "JPY_PARENT_PID": str(sleeper.pid)},
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        time.sleep(3.0)  # several poll intervals: a kernel that watched the wrong pid would be gone
+        assert p.poll() is None, p.stderr.read() if p.stderr else ""
+    finally:
+        sleeper.kill()
+        p.terminate()
+        p.communicate(timeout=20)
+
+
+def test_connection_file_with_missing_ports_binds_random_ones(tmp_path: Any) -> None:
+    """docs/handshake.md mode B: missing port fields mean 0."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"key": "k", "ip": "127.0.0.1", "transport": "tcp", "signature_scheme": "hmac-sha256"}))
+    p = subprocess.Popen([sys.executable, "-m", "trikernel", "-f", str(path)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            d = json.loads(path.read_text())
+            if all(d.get(f"{c}_port", 0) > 0 for c in ("shell", "iopub", "stdin", "control", "hb")):
+                break
+            assert p.poll() is None, p.stderr.read() if p.stderr else ""
+            time.sleep(0.05)
+        else:
+            raise AssertionError("ports never written back")
+    finally:
+        p.terminate()
+        p.communicate(timeout=20)
+
+
+def test_trio_is_predefined_beside_nursery(kernel: Any) -> None:
+    km, kc = kernel
+    r, _ = execute(kc, "await trio.sleep(0.01)\nassert nursery is not None")
+    assert r["content"]["status"] == "ok", r["content"]
+
+
+def test_kernelspec_ships_logos(tmp_path: Any) -> None:
+    from conftest import install_kernelspec
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    root = install_kernelspec(tmp_path, "tk-logos")
+    spec_dir = os.path.join(root, "kernels", "tk-logos")
+    assert {"logo-32x32.png", "logo-64x64.png", "logo-svg.svg"} <= set(os.listdir(spec_dir))
+    ksm = KernelSpecManager(kernel_dirs=[os.path.join(root, "kernels")])
+    assert ksm.get_kernel_spec("tk-logos").resource_dir == spec_dir
+
+
+def test_interrupts_while_ipython_loads_do_not_kill_the_kernel(jupyter_path: str) -> None:
+    """The io run answers kernel_info before IPython is loaded, so a client may
+    interrupt that early; the interrupt used to land in the set-up and end
+    the user run (found while testing the item above)."""
+    from jupyter_client.manager import KernelManager
+
+    for mode in ("message", "signal"):
+        km = KernelManager(kernel_name=f"trikernel-test-{mode}")
+        km.start_kernel()
+        kc = km.client()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=TIMEOUT)  # answered by the io run, IPython still loading
+            for _ in range(20):
+                km.interrupt_kernel()
+            r, _ = execute(kc, "1 + 1")
+            assert r["content"]["status"] == "ok" and km.is_alive(), mode
+        finally:
+            stop_kernel(km, kc)

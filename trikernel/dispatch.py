@@ -1,0 +1,528 @@
+"""Request dispatch: one table from msg_type to route, one bracket, the lanes.
+
+Runs on: the io thread's trio run. The shell and control channel tasks read
+their ROUTER sockets here (the stdin task is stdinbridge.py's); work that
+needs IPython is handed to the user run (userrun.py) and awaited.
+
+:data:`ROUTES` maps every ``msg_type`` trikernel serves to a :class:`Route`:
+the channels it is accepted on, its lane and its handler, as xeus's
+``xkernel_core`` and ipykernel's ``shell_handlers`` do. Lanes:
+
+- ``io``: answered in the io run itself, in arrival order on its channel
+  (kernel_info, shutdown, interrupt, usage), so control answers while a cell
+  runs and kernel_info answers while IPython is still loading;
+- ``sequential``: one at a time, in order, in the user run's main task
+  (execute, complete, inspect, is_complete, history);
+- ``concurrent``: as tasks of the user nursery, as soon as the user run has
+  control (comm_open / comm_msg / comm_close, comm_info), so a widget's
+  ``on_msg`` runs while an async cell awaits.
+
+:meth:`Dispatcher.bracket` is the one place that publishes ``status: busy``,
+runs the handler, sends the reply and publishes ``status: idle`` (messaging
+spec "Kernel status": busy/idle with the request as parent, the reply before
+idle) — and publishes idle whatever the handler raised. Every message on
+shell or control is bracketed, known or not; an unknown ``*_request`` gets
+an error reply naming its type.
+
+``stop_on_error`` (spec "Execute"): when an ``execute_request`` fails, every
+``execute_request`` sent before the failure is answered without running —
+only execute requests; complete, inspect and the rest are served normally.
+:class:`AbortWindow` is the one place that decides which.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import trio
+
+from .errors import JobInterrupted, KernelShuttingDown
+from .iopub import IOPubQueue
+from .messages import MessageBuilder
+from .sockets import TrioSocket
+from .userrun import Job, UserRun
+from .wire import Message, Signer, serialize, utcnow_iso
+
+if TYPE_CHECKING:
+    from .jobs import ShellJobs
+
+log = logging.getLogger("trikernel.dispatch")
+
+#: Received but not yet started sequential requests (bounded backlog, messages).
+SHELL_BACKLOG = 256
+#: Concurrent-lane jobs in flight at once.
+CONCURRENT_LIMIT = 64
+#: Seconds the bracket waits at most to queue a status message when
+#: cancelled (shutdown); the IOPub queue has an overdraft for the io run, so
+#: this only bounds a broken queue.
+STATUS_DEADLINE = 1.0
+
+
+class Lane(StrEnum):
+    """Where a request is served (module docstring)."""
+
+    IO = "io"
+    SEQUENTIAL = "sequential"
+    CONCURRENT = "concurrent"
+
+
+class Reply(NamedTuple):
+    """What a handler returns: the reply's ``content`` and ``metadata``, and
+    ``after``, called once idle is queued (shutdown starts there)."""
+
+    content: dict[str, Any]
+    metadata: dict[str, Any] | None = None
+    after: Callable[[], None] | None = None
+
+
+Handler = Callable[["Dispatcher", Message], Awaitable[Reply | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One row of the dispatch table."""
+
+    channels: frozenset[str]
+    lane: Lane
+    handler: Handler
+
+
+@dataclass(slots=True)
+class _Queued:
+    """A shell request waiting for the sequential lane."""
+
+    msg: Message
+    seq: int  # arrival number on the shell channel
+    arrived: float  # trio.current_time() when it was read
+
+
+@dataclass
+class AbortWindow:
+    """Which ``execute_request``\\ s a failed execute with ``stop_on_error`` aborts.
+
+    Exactly those sent before the failure (the client could not have seen
+    the error yet). Two rules, either is enough:
+
+    1. it had arrived when the failure was decided (``upto_seq``): the shell
+       socket is drained at that moment, so everything already delivered
+       by libzmq counts;
+    2. it comes from the failed request's client session and its header
+       ``date`` is earlier than ``sent_before``: the failed request's own
+       ``date`` plus the time the kernel spent on it, both on the client's
+       clock, so clock skew between client and kernel does not matter. The
+       first later-dated request of that session ends this rule.
+
+    Requests sent after the error reply was received are never aborted.
+    """
+
+    upto_seq: int = -1
+    session: str | None = None
+    sent_before: float | None = None  # POSIX seconds on the client's clock
+
+    def covers(self, q: _Queued) -> bool:
+        if q.msg.msg_type != "execute_request":
+            return False
+        if q.seq <= self.upto_seq:
+            return True
+        if self.session is not None and q.msg.header.get("session") == self.session:
+            sent = _posix_time(q.msg.header.get("date"))
+            if sent is not None and self.sent_before is not None and sent <= self.sent_before:
+                return True
+            self.session = None
+        return False
+
+
+def _posix_time(date: Any) -> float | None:
+    """POSIX seconds of an ISO 8601 header date (naive = UTC), or None."""
+    if not isinstance(date, str):
+        return None
+    try:
+        dt = datetime.fromisoformat(date)
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+@dataclass
+class DispatchDeps:
+    """What the dispatcher needs (all built before the io run starts).
+
+    - ``builder``, ``signer``: build and sign replies;
+    - ``queue``: status and other io-run IOPub messages;
+    - ``user_run``: where sequential and concurrent jobs run;
+    - ``parse``: frames → Message or None (inbound.py);
+    - ``kernel_info``: ``kernel_info_reply`` content;
+    - ``request_shutdown``: begins an orderly shutdown (thread-safe).
+    """
+
+    builder: MessageBuilder
+    signer: Signer
+    queue: IOPubQueue
+    user_run: UserRun
+    parse: Callable[[str, list[bytes]], Message | None]
+    kernel_info: Callable[[], dict[str, Any]]
+    request_shutdown: Callable[[], None]
+    sockets: dict[str, TrioSocket] = field(default_factory=dict)
+
+
+class Dispatcher:
+    """Serves the shell and control channels (io run only)."""
+
+    def __init__(self, deps: DispatchDeps):
+        self._d = deps
+        self._jobs: ShellJobs | None = None
+        self._jobs_ready = trio.Event()
+        self._shell_seq = 0
+        self._abort = AbortWindow()
+        self._current: _Queued | None = None
+        self._seq_send: trio.MemorySendChannel[_Queued] | None = None
+        self._limiter = trio.CapacityLimiter(CONCURRENT_LIMIT)
+        self._nursery: trio.Nursery | None = None
+        self._processes: dict[int, Any] = {}  # psutil.Process by pid, for usage_request
+
+    # -- wiring ------------------------------------------------------------------
+    def user_side_ready(self, jobs: ShellJobs) -> None:
+        """The user run is up (io run; called through its token)."""
+        self._jobs = jobs
+        self._jobs_ready.set()
+
+    async def serve(self, channel: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The channel task of ``channel`` ("shell" or "control"): read,
+        parse and route every message until cancelled."""
+        sock = self._d.sockets[channel]
+        async with trio.open_nursery() as nursery:
+            if channel == "shell":
+                self._nursery = nursery
+                send, recv = trio.open_memory_channel[_Queued](SHELL_BACKLOG)
+                self._seq_send = send
+                nursery.start_soon(self._sequential_lane, recv)
+            task_status.started()
+            while True:
+                msg = self._d.parse(channel, await sock.recv_multipart())
+                if msg is not None:
+                    await self._route(channel, msg, nursery)
+
+    async def _route(self, channel: str, msg: Message, nursery: trio.Nursery) -> None:
+        route = self.route_of(channel, msg.msg_type)
+        if route.lane is Lane.SEQUENTIAL:
+            assert self._seq_send is not None
+            await self._seq_send.send(self._arrival(msg))
+        elif route.lane is Lane.CONCURRENT:
+            borrower = object()
+            await self._limiter.acquire_on_behalf_of(borrower)
+            nursery.start_soon(self._concurrent, channel, msg, route, borrower)
+        else:
+            await self.bracket(channel, msg, route.handler)
+
+    def route_of(self, channel: str, msg_type: str) -> Route:
+        """The route of ``msg_type`` on ``channel``; unknown types (or known
+        ones on a channel that does not take them) get :data:`UNKNOWN`."""
+        route = ROUTES.get(msg_type)
+        if route is None or channel not in route.channels:
+            return UNKNOWN
+        return route
+
+    def _arrival(self, msg: Message) -> _Queued:
+        self._shell_seq += 1
+        return _Queued(msg, self._shell_seq, trio.current_time())
+
+    # -- the bracket -------------------------------------------------------------
+    async def bracket(self, channel: str, msg: Message, handler: Handler) -> None:
+        """busy → handler → reply → idle, with ``msg`` as parent.
+
+        Idle is published whatever the handler raised (shielded, bounded by
+        STATUS_DEADLINE when cancelled). A handler error on a request
+        becomes an error reply (``ename``/``evalue`` of the error, logged
+        with its traceback unless it is an interrupt or shutdown).
+        Messages without a reply (comm messages) return None.
+        """
+        reply: Reply | None = None
+        await self._status("busy", msg)
+        try:
+            try:
+                reply = await handler(self, msg)
+            except (JobInterrupted, KernelShuttingDown) as exc:
+                log.info("%s %s: %s", channel, msg.msg_type, exc)
+                reply = self._error_reply(msg, exc)
+            except Exception as exc:  # a handler bug must not end the channel task
+                log.exception("%s: %s failed", channel, msg.msg_type)
+                reply = self._error_reply(msg, exc)
+            if reply is not None:
+                await self.send(channel, self._d.builder.reply(msg, reply.content, metadata=reply.metadata))
+        finally:
+            with trio.CancelScope(shield=True) as scope:
+                scope.deadline = trio.current_time() + STATUS_DEADLINE
+                await self._status("idle", msg)
+        if reply is not None and reply.after is not None:
+            reply.after()
+
+    def _error_reply(self, msg: Message, exc: BaseException) -> Reply | None:
+        if not msg.msg_type.endswith("_request"):
+            return None  # comm messages have no reply
+        ename = "KeyboardInterrupt" if isinstance(exc, JobInterrupted) else type(exc).__name__
+        content: dict[str, Any] = {"status": "error", "ename": ename, "evalue": str(exc), "traceback": []}
+        if msg.msg_type == "execute_request":
+            content["execution_count"] = self._jobs.execution_count if self._jobs is not None else 0
+        return Reply(content)
+
+    async def _status(self, state: str, msg: Message) -> None:
+        await self._d.queue.send(self._d.builder.status(state, msg.header))
+
+    async def send(self, channel: str, msg: Message) -> None:
+        """Sign and send ``msg`` on ``channel`` (never blocks: ROUTER)."""
+        self._d.sockets[channel].send_nowait(serialize(msg, self._d.signer))
+
+    # -- lanes -------------------------------------------------------------------
+    async def _sequential_lane(self, recv: trio.MemoryReceiveChannel[_Queued]) -> None:
+        async for q in recv:
+            route = self.route_of("shell", q.msg.msg_type)
+            handler = _aborted if self._abort.covers(q) else route.handler
+            self._current = q
+            try:
+                await self.bracket("shell", q.msg, handler)
+            finally:
+                self._current = None
+
+    async def _concurrent(self, channel: str, msg: Message, route: Route, borrower: object) -> None:
+        try:
+            await self.bracket(channel, msg, route.handler)
+        finally:
+            self._limiter.release_on_behalf_of(borrower)
+
+    async def in_user_run(self, fn: Callable[[], Awaitable[Any]], *, concurrent: bool = False) -> Any:
+        """Run ``fn`` in the user run (main thread) and return its result here.
+
+        Waits for the user side to be up first. Raises JobInterrupted if the
+        job ended with KeyboardInterrupt (never re-raised in the io run: it
+        would end it), KernelShuttingDown if the user run is gone, else
+        whatever the job raised.
+        """
+        await self._jobs_ready.wait()
+        job = Job(fn)
+        if concurrent:
+            self._d.user_run.start_task_soon(job)
+        else:
+            self._d.user_run.start_job_soon(job)
+        await job.done.wait()
+        if isinstance(job.error, KeyboardInterrupt):
+            raise JobInterrupted(f"interrupted: {job.error!r}")
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _start_abort(self, failed: _Queued) -> None:
+        """stop_on_error: open the abort window for ``failed`` (before its
+        reply leaves, so nothing sent after the client saw it is covered)."""
+        self._drain_shell()
+        sent = _posix_time(failed.msg.header.get("date"))
+        spent = trio.current_time() - failed.arrived
+        log.debug("stop_on_error: aborting execute requests up to #%d, and of session %s sent before %s (+%.4fs)",
+                  self._shell_seq, failed.msg.header.get("session"), failed.msg.header.get("date"), spent)
+        self._abort = AbortWindow(
+            upto_seq=self._shell_seq,
+            session=failed.msg.header.get("session") if sent is not None else None,
+            sent_before=sent + spent if sent is not None else None,
+        )
+
+    def _drain_shell(self) -> None:
+        """Move every message already in the shell socket into the lanes, without
+        waiting (stops early if the sequential backlog is full)."""
+        sock = self._d.sockets["shell"]
+        assert self._seq_send is not None and self._nursery is not None
+        while self._seq_send.statistics().current_buffer_used < SHELL_BACKLOG:
+            frames = sock.recv_multipart_nowait()
+            if frames is None:
+                return
+            msg = self._d.parse("shell", frames)
+            if msg is None:
+                continue
+            route = self.route_of("shell", msg.msg_type)
+            if route.lane is Lane.SEQUENTIAL:
+                self._seq_send.send_nowait(self._arrival(msg))
+            elif route.lane is Lane.CONCURRENT:
+                self._nursery.start_soon(self._concurrent_waiting, msg, route)
+            else:
+                self._nursery.start_soon(self.bracket, "shell", msg, route.handler)
+
+    async def _concurrent_waiting(self, msg: Message, route: Route) -> None:
+        borrower = object()
+        await self._limiter.acquire_on_behalf_of(borrower)
+        await self._concurrent("shell", msg, route, borrower)
+
+    # -- handlers: io lane -------------------------------------------------------
+    async def kernel_info(self, msg: Message) -> Reply:
+        return Reply(self._d.kernel_info())
+
+    async def shutdown(self, msg: Message) -> Reply:
+        restart = _flag(msg.content, "restart", False)
+        return Reply({"status": "ok", "restart": restart}, after=self._d.request_shutdown)
+
+    async def interrupt(self, msg: Message) -> Reply:
+        self._d.user_run.interrupt()
+        return Reply({"status": "ok"})
+
+    async def usage(self, msg: Message) -> Reply:
+        """``usage_request`` (ipykernel 7, read by jupyter-resource-usage):
+        hostname, pid, cpu_count, and with psutil installed the CPU percent
+        and memory (PSS where the OS has it, else RSS, bytes) of the kernel
+        and its children, the host's CPU percent and virtual memory."""
+        return Reply(await trio.to_thread.run_sync(self._usage))
+
+    def _usage(self) -> dict[str, Any]:
+        content: dict[str, Any] = {"status": "ok", "hostname": socket.gethostname(), "pid": os.getpid()}
+        try:
+            import psutil
+        except ImportError:
+            content["cpu_count"] = os.cpu_count()
+            return content
+        me = psutil.Process()
+        procs = [me, *me.children(recursive=True)]
+        # keep Process objects between requests: cpu_percent() measures since the last call
+        self._processes = {p.pid: self._processes.get(p.pid, p) for p in procs}
+        cpu = mem = 0.0
+        for p in self._processes.values():
+            try:
+                cpu += p.cpu_percent(None)
+                info = p.memory_full_info()
+                mem += getattr(info, "pss", info.rss)
+            except psutil.Error:
+                continue
+        content["kernel_cpu"] = cpu
+        content["kernel_memory"] = int(mem)
+        host = psutil.cpu_percent(None)
+        if host:
+            content["host_cpu_percent"] = host
+        content["cpu_count"] = psutil.cpu_count(logical=True)
+        content["host_virtual_memory"] = dict(psutil.virtual_memory()._asdict())
+        return content
+
+    async def unknown(self, msg: Message) -> Reply | None:
+        """Anything not in ROUTES: busy/idle (by the bracket) and, for a
+        ``*_request``, an error reply naming the type."""
+        log.warning("dropped unknown message type %r", msg.msg_type)
+        if not msg.msg_type.endswith("_request"):
+            return None
+        return Reply(
+            {
+                "status": "error",
+                "ename": "UnknownMessageType",
+                "evalue": f"trikernel does not handle {msg.msg_type!r} on this channel",
+                "traceback": [],
+            }
+        )
+
+    # -- handlers: user run ------------------------------------------------------
+    async def execute(self, msg: Message) -> Reply:
+        started = utcnow_iso()
+        jobs = await self._jobs_when_ready()
+        content: dict[str, Any] = await self.in_user_run(lambda: jobs.execute(msg))
+        failed = content.get("status") == "error"
+        if failed and _flag(msg.content, "stop_on_error", True) and not _flag(msg.content, "silent", False):
+            if self._current is not None and self._current.msg is msg:
+                self._start_abort(self._current)
+        metadata = {
+            "started": started,
+            "dependencies_met": True,
+            "engine": self._d.builder.session_id,
+            "status": content.get("status"),
+        }
+        return Reply(content, metadata)
+
+    async def complete(self, msg: Message) -> Reply:
+        jobs = await self._jobs_when_ready()
+        return Reply(await self.in_user_run(_sync(jobs.complete, msg)))
+
+    async def inspect(self, msg: Message) -> Reply:
+        jobs = await self._jobs_when_ready()
+        return Reply(await self.in_user_run(_sync(jobs.inspect, msg)))
+
+    async def is_complete(self, msg: Message) -> Reply:
+        jobs = await self._jobs_when_ready()
+        return Reply(await self.in_user_run(_sync(jobs.is_complete, msg)))
+
+    async def history(self, msg: Message) -> Reply:
+        jobs = await self._jobs_when_ready()
+        return Reply(await self.in_user_run(_sync(jobs.history, msg)))
+
+    async def comm(self, msg: Message) -> None:
+        jobs = await self._jobs_when_ready()
+        await self.in_user_run(_sync(jobs.comm, msg), concurrent=True)
+
+    async def comm_info(self, msg: Message) -> Reply:
+        jobs = await self._jobs_when_ready()
+        return Reply(await self.in_user_run(_sync(jobs.comm_info, msg), concurrent=True))
+
+    async def _jobs_when_ready(self) -> ShellJobs:
+        await self._jobs_ready.wait()
+        assert self._jobs is not None
+        return self._jobs
+
+
+async def _aborted(d: Dispatcher, msg: Message) -> Reply:
+    """An execute_request not run because an earlier one failed (stop_on_error).
+
+    An ``error`` reply with ename ``ExecutionAborted``: the ``aborted`` status
+    is deprecated since spec 5.1, which asks kernels for an error reply; the
+    metadata says ``status: aborted`` as ipykernel's does.
+    """
+    jobs = d._jobs
+    content: dict[str, Any] = {
+        "status": "error",
+        "ename": "ExecutionAborted",
+        "evalue": "not run: an earlier request failed with stop_on_error set",
+        "traceback": [],
+        "execution_count": jobs.execution_count if jobs is not None else 0,
+    }
+    metadata = {"status": "aborted", "engine": d._d.builder.session_id, "dependencies_met": True}
+    return Reply(content, metadata)
+
+
+def _sync(fn: Callable[[Message], Any], msg: Message) -> Callable[[], Awaitable[Any]]:
+    """An async job body that calls the synchronous ``fn(msg)``."""
+
+    async def run() -> Any:
+        return fn(msg)
+
+    return run
+
+
+def _flag(content: dict[str, Any], name: str, default: bool) -> bool:
+    value = content.get(name, default)
+    return value if isinstance(value, bool) else bool(value)
+
+
+_SHELL = frozenset({"shell"})
+_CONTROL = frozenset({"control"})
+_BOTH = frozenset({"shell", "control"})
+
+#: The dispatch table: every message type trikernel serves (messaging spec 5.5).
+#: kernel_info, shutdown and interrupt are accepted on shell too (deprecated
+#: forms, answered on the channel they came from).
+ROUTES: dict[str, Route] = {
+    "execute_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.execute),
+    "complete_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.complete),
+    "inspect_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.inspect),
+    "is_complete_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.is_complete),
+    "history_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.history),
+    "comm_open": Route(_SHELL, Lane.CONCURRENT, Dispatcher.comm),
+    "comm_msg": Route(_SHELL, Lane.CONCURRENT, Dispatcher.comm),
+    "comm_close": Route(_SHELL, Lane.CONCURRENT, Dispatcher.comm),
+    "comm_info_request": Route(_SHELL, Lane.CONCURRENT, Dispatcher.comm_info),
+    "kernel_info_request": Route(_BOTH, Lane.IO, Dispatcher.kernel_info),
+    "shutdown_request": Route(_BOTH, Lane.IO, Dispatcher.shutdown),
+    "interrupt_request": Route(_BOTH, Lane.IO, Dispatcher.interrupt),
+    "usage_request": Route(_CONTROL, Lane.IO, Dispatcher.usage),
+}
+
+#: The route of anything not in ROUTES.
+UNKNOWN = Route(_BOTH, Lane.IO, Dispatcher.unknown)
+

@@ -1,0 +1,179 @@
+"""The bodies of the jobs the io run hands to the user run.
+
+Runs on: the main thread, inside the user trio run (userrun.py). Nothing
+here touches a socket: output goes through the IOPub queue (outstream.py),
+input through the stdin bridge (stdinbridge.py), replies back to the io run
+as a job's result.
+
+:func:`set_up` builds the user side once, inside the user run: the IOPub
+sender for display, errors and comms, ``comm``, the IPython shell, the user
+nursery, the ``%trikernel`` magic and the output streams.
+:class:`ShellJobs` then runs one request at a time (or, for comm messages,
+concurrently), each with its request's header as the ``current_parent``
+context variable, so everything the job prints or displays is parented to
+that request (messaging spec "IOPub": ``parent_header``).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from . import outstream
+from .iopub import IOPubQueue
+from .messages import MessageBuilder
+from .wire import Message
+
+if TYPE_CHECKING:
+    from comm.base_comm import CommManager
+
+    from .shell import TrikernelShell
+    from .stdinbridge import StdinBridge
+
+
+class ShellJobs:
+    """One method per request the user run serves; each returns the reply
+    content (messaging spec "Messages on the shell (ROUTER/DEALER) channel").
+
+    Call only in the user run. Exceptions propagate to the io run, which
+    answers with an error reply.
+    """
+
+    def __init__(
+        self,
+        shell: TrikernelShell,
+        comm_manager: CommManager,
+        parents: outstream.ParentTracker,
+        stdin: StdinBridge,
+    ):
+        self.shell = shell
+        self.comm_manager = comm_manager
+        self.parents = parents
+        self.stdin = stdin
+
+    @property
+    def execution_count(self) -> int:
+        """The count the next ``execute_request`` will get."""
+        return int(self.shell.execution_count)
+
+    async def execute(self, msg: Message) -> dict[str, Any]:
+        """Run an ``execute_request``: publishes ``execute_input`` (unless
+        ``silent``), runs the cell, returns ``execute_reply`` content."""
+        from . import shell as shell_mod
+
+        token = outstream.current_parent.set(msg.header)
+        self.parents.latest = msg.header
+        try:
+            if not msg.content.get("silent", False):
+                self.shell.publisher.send(
+                    "execute_input", {"code": msg.content.get("code", ""), "execution_count": self.execution_count}
+                )
+            return await shell_mod.execute(
+                self.shell, msg.content, lambda prompt, password: self.stdin.request_input(msg, prompt, password)
+            )
+        finally:
+            outstream.current_parent.reset(token)
+
+    def complete(self, msg: Message) -> dict[str, Any]:
+        from . import shell as shell_mod
+
+        return self._with_parent(msg, shell_mod.complete)
+
+    def inspect(self, msg: Message) -> dict[str, Any]:
+        from . import shell as shell_mod
+
+        return self._with_parent(msg, shell_mod.inspect)
+
+    def is_complete(self, msg: Message) -> dict[str, Any]:
+        from . import shell as shell_mod
+
+        return self._with_parent(msg, shell_mod.is_complete)
+
+    def history(self, msg: Message) -> dict[str, Any]:
+        from . import shell as shell_mod
+
+        return self._with_parent(msg, shell_mod.history)
+
+    def comm(self, msg: Message) -> None:
+        """comm_open / comm_msg / comm_close from the frontend: run the
+        manager's handler (``on_msg`` callbacks, comm targets)."""
+        from . import comms
+
+        token = outstream.current_parent.set(msg.header)
+        try:
+            comms.dispatch(self.comm_manager, msg)
+        finally:
+            outstream.current_parent.reset(token)
+
+    def comm_info(self, msg: Message) -> dict[str, Any]:
+        from . import comms
+
+        target = msg.content.get("target_name")
+        return comms.comm_info(self.comm_manager, target if isinstance(target, str) else None)
+
+    def _with_parent(
+        self, msg: Message, fn: Callable[[TrikernelShell, dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        token = outstream.current_parent.set(msg.header)
+        try:
+            return fn(self.shell, msg.content)
+        finally:
+            outstream.current_parent.reset(token)
+
+
+@dataclass(frozen=True)
+class UserSideDeps:
+    """What :func:`set_up` needs from the kernel (all created before the user run).
+
+    - ``builder``, ``queue``: build and queue IOPub messages;
+    - ``parents``: the fallback parent for output without a context;
+    - ``stdin``: the bridge ``input()`` uses;
+    - ``stats``: returns the IOPub counters for ``%trikernel``;
+    - ``capture_fds``: capture file descriptors 1 and 2 (KernelConfig).
+    """
+
+    builder: MessageBuilder
+    queue: IOPubQueue
+    parents: outstream.ParentTracker
+    stdin: StdinBridge
+    stats: Callable[[], dict[str, Any]]
+    capture_fds: bool
+
+
+def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
+    """Build the user side, inside the user run (main thread): IPython,
+    ``comm``, the user nursery, the magics, the output streams.
+
+    Slow (IPython imports): the io run answers ``kernel_info`` meanwhile.
+    """
+    import trikernel
+
+    from . import comms, magics
+    from . import shell as shell_mod
+    from .usernursery import UserNursery
+
+    publisher = outstream.Publisher(deps.builder, deps.queue, deps.parents)
+    comm_manager = comms.install(publisher)
+    # Threads IPython starts (the history saver) inherit this mask: SIGINT
+    # must reach the main thread, where user code runs.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        shell = shell_mod.create_shell(publisher)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    comms.set_shell(shell)
+    shell.kernel = shell_mod.ShellKernel(deps.parents)  # get_ipython().kernel
+
+    un = UserNursery(nursery, shell.showtraceback)
+    nursery.start_soon(un.host)  # runs before any job: the loop checkpoints first
+    trikernel.nursery = un
+    for name, value in (("nursery", un), ("trio", trio)):
+        shell.user_ns[name] = value
+        shell.user_ns_hidden[name] = value
+    magics.register(shell, deps.stats)
+    outstream.install(deps.queue, deps.parents, capture_fds=deps.capture_fds)
+    return ShellJobs(shell, comm_manager, deps.parents, deps.stdin)

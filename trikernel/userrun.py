@@ -1,0 +1,289 @@
+"""The user trio run on the main thread, and the hand-off of jobs into it.
+
+Runs on: the main thread. :meth:`UserRun.run` blocks the main thread in one
+``trio.run`` for the kernel's life (docs/design.md, "Threads and loops");
+everything else here runs inside that run, except the methods marked
+*thread-safe*, which the io run calls.
+
+Two lanes come in from the io run (dispatch.py):
+
+- *sequential* jobs (execute, complete, inspect, is_complete, history): the
+  run's main task takes one at a time and awaits it right there, so
+  top-level ``await`` in a cell runs in the main task and trio delivers
+  KeyboardInterrupt to it;
+- *concurrent* jobs (comm messages from the frontend): each starts as a
+  task in the user nursery, so a widget's ``on_msg`` runs while an async
+  cell awaits.
+
+Hand-off io run → user run: ``TrioToken.run_sync_soon`` of this run
+(non-blocking, thread-safe). Completion user run → io run: the job's
+``trio.Event`` set through the io run's token. No run ever blocks on the
+other. The io side bounds jobs in flight (one sequential, a limiter for
+concurrent ones), so the buffer here never overflows.
+
+Interrupts (messaging spec "Kernel interrupt"): SIGINT on the main thread,
+whichever interrupt mode is used. trio's handler turns it into
+KeyboardInterrupt in the running cell. User code may replace the SIGINT
+disposition (``SIG_IGN``, ``SIG_DFL``, a handler of its own): trio's handler
+is put back before and after every job, so the change lasts at most until
+the end of the request that made it; a kernel started with SIGINT ignored
+(``nohup``) or blocked handles it anyway.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import signal
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from .errors import KernelShuttingDown
+
+log = logging.getLogger("trikernel.userrun")
+
+#: Sequential jobs buffered in the user run (the io side keeps <= 1 in flight).
+SEQ_BUFFER = 4
+
+
+class Job:
+    """One unit of work handed from the io run to the user run.
+
+    ``fn``: an async callable with no arguments, run in the user run.
+    Afterwards ``result`` holds its return value, or ``error`` the exception
+    it raised (KeyboardInterrupt included; :class:`KernelShuttingDown` when
+    the user run was cancelled at shutdown). ``done`` is a ``trio.Event`` of
+    the io run, set through that run's token.
+
+    Create it in the io run (it captures that run's token); run it only in
+    the user run.
+    """
+
+    __slots__ = ("_io_token", "done", "error", "fn", "result")
+
+    def __init__(self, fn: Callable[[], Awaitable[Any]]):
+        self.fn = fn
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = trio.Event()  # belongs to the io run
+        self._io_token = trio.lowlevel.current_trio_token()
+
+    @trio.lowlevel.enable_ki_protection
+    async def run(self, before_done: Callable[[], None] | None = None) -> None:
+        """Run ``fn`` (user run). The glue is KI-protected, so an interrupt
+        can never skip telling the io run; ``fn`` itself is not, so a cell or
+        handler that loops or sleeps is interrupted like a cell.
+        ``before_done`` runs after ``fn``, before the io run is told (so
+        before the reply can leave)."""
+        try:
+            self.result = await _call_interruptible(self.fn)
+        except KeyboardInterrupt as exc:  # an interrupt that reached the job itself
+            self.error = exc
+        except trio.Cancelled:
+            self.error = KernelShuttingDown("cancelled: the kernel is shutting down")
+            raise
+        except BaseException as exc:  # any failure goes back to the io run, which reports it
+            self.error = exc
+        finally:
+            if before_done is not None:
+                before_done()
+            self._finish()
+
+    def _finish(self) -> None:
+        try:
+            self._io_token.run_sync_soon(self.done.set)
+        except trio.RunFinishedError:
+            pass  # the io run already ended (shutdown): nobody waits for this job
+
+
+@trio.lowlevel.disable_ki_protection
+async def _call_interruptible(fn: Callable[[], Awaitable[Any]]) -> Any:
+    return await fn()
+
+
+class _Stop:
+    """End marker for the sequential lane."""
+
+
+class UserRun:
+    """Owns the user trio run on the main thread.
+
+    State read from other threads: ``busy`` (a sequential job is running),
+    ``stopping`` (stop() was called), ``stopped`` (a ``threading.Event``, set
+    when the run has returned).
+    """
+
+    def __init__(self) -> None:
+        self.token: trio.lowlevel.TrioToken | None = None
+        self.stopped = threading.Event()
+        self.nursery: trio.Nursery | None = None
+        self.busy = False
+        self.stopping = False
+        self._send: trio.MemorySendChannel[Job | _Stop] | None = None
+        self._trio_sigint: Any = None  # trio's SIGINT handler, once the run is up
+
+    # -- thread-safe: called from the io run ------------------------------------
+    def start_job_soon(self, job: Job) -> None:
+        """Queue a sequential job (thread-safe, non-blocking).
+
+        Raises KernelShuttingDown when the user run is not (or no longer)
+        running.
+        """
+        send = self._send
+        if self.token is None or send is None:
+            raise KernelShuttingDown("the user run is not running")
+        try:
+            self.token.run_sync_soon(send.send_nowait, job)
+        except trio.RunFinishedError:
+            raise KernelShuttingDown("the user run has ended") from None
+
+    def start_task_soon(self, job: Job) -> None:
+        """Start a concurrent job as a task of the user nursery (thread-safe).
+
+        Raises KernelShuttingDown when the user run is not running.
+        """
+        if self.token is None or self.nursery is None:
+            raise KernelShuttingDown("the user run is not running")
+        nursery = self.nursery
+        try:
+            self.token.run_sync_soon(nursery.start_soon, _run_concurrent, job)
+        except trio.RunFinishedError:
+            raise KernelShuttingDown("the user run has ended") from None
+
+    def stop(self) -> None:
+        """Ask the user run to cancel the user nursery and return (thread-safe)."""
+        self.stopping = True
+        if self.token is None or self._send is None:
+            return
+        try:
+            self.token.run_sync_soon(self._send.send_nowait, _Stop())
+        except trio.RunFinishedError:
+            pass
+
+    def interrupt(self) -> None:
+        """Interrupt the user code running on the main thread (thread-safe).
+
+        Sends SIGINT to the main thread (``pthread_kill``), where trio's
+        handler turns it into KeyboardInterrupt. If the running cell set
+        SIGINT to ``SIG_DFL`` or ``SIG_IGN`` itself, a signal would kill the
+        kernel or do nothing: then KeyboardInterrupt is raised in the main
+        thread as an asynchronous exception instead (it lands at the next
+        Python bytecode, not inside a blocking C call).
+        """
+        main = threading.main_thread().ident
+        assert main is not None
+        if signal.getsignal(signal.SIGINT) in (signal.SIG_DFL, signal.SIG_IGN, None):
+            log.warning("SIGINT is disabled by user code; raising KeyboardInterrupt in the main thread instead")
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(KeyboardInterrupt))
+            return
+        signal.pthread_kill(main, signal.SIGINT)
+
+    # -- main thread -------------------------------------------------------------
+    def run(self, setup: Callable[[trio.Nursery], None], on_ready: Callable[[], None]) -> None:
+        """Run the user trio run until stop(); blocks the main thread.
+
+        ``setup(nursery)`` runs first (IPython is loaded there); then
+        ``on_ready()`` tells the io side that jobs may be submitted.
+        """
+        _enable_sigint()
+        try:
+            trio.run(self._main, setup, on_ready)
+        except BaseException as exc:
+            # jupyter_client interrupts before it shuts a kernel down; an
+            # interrupt that lands while the user run winds down (bare, or
+            # raised out of the closing nursery as a group) is harmless.
+            if not (self.stopping and _only_interrupts(exc)):
+                raise
+
+    async def _main(self, setup: Callable[[trio.Nursery], None], on_ready: Callable[[], None]) -> None:
+        self._trio_sigint = signal.getsignal(signal.SIGINT)  # installed by trio.run
+        send, recv = trio.open_memory_channel[Job | _Stop](SEQ_BUFFER)
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                _protected_setup(setup, nursery)
+                self._send = send
+                self.token = trio.lowlevel.current_trio_token()
+                on_ready()
+                await self._serve_jobs(recv)
+                nursery.cancel_scope.cancel()
+        finally:
+            self.stopped.set()
+
+    @trio.lowlevel.enable_ki_protection
+    async def _serve_jobs(self, recv: trio.MemoryReceiveChannel[Job | _Stop]) -> None:
+        """The sequential lane. KI-protected glue: an interrupt that arrives
+        between jobs is delivered at the next checkpoint (inside the next
+        job's code, or here while idle, where it is ignored), never in the
+        middle of a hand-off."""
+        while True:
+            try:
+                job = await recv.receive()
+            except KeyboardInterrupt:
+                log.info("interrupt while idle: ignored")
+                continue
+            if isinstance(job, _Stop):
+                return
+            self._restore_sigint()
+            self.busy = True
+            try:
+                await job.run(before_done=self._restore_sigint)
+            finally:
+                self.busy = False
+
+    def _restore_sigint(self) -> None:
+        """Put trio's SIGINT handler back if user code replaced it."""
+        if self._trio_sigint is None:
+            return
+        current = signal.getsignal(signal.SIGINT)
+        if current is not self._trio_sigint:
+            signal.signal(signal.SIGINT, self._trio_sigint)
+            log.info("SIGINT disposition was changed by user code (%r); restored so interrupts keep working", current)
+
+
+@trio.lowlevel.enable_ki_protection
+async def _run_concurrent(job: Job) -> None:
+    """A concurrent job (comm handler) as a task of the user nursery."""
+    await job.run()
+
+
+def _only_interrupts(exc: BaseException) -> bool:
+    """True for KeyboardInterrupt, or a group holding nothing else."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(KeyboardInterrupt)[1] is None
+    return isinstance(exc, KeyboardInterrupt)
+
+
+def _protected_setup(setup: Callable[[trio.Nursery], None], nursery: trio.Nursery) -> None:
+    """Run the user side's set-up (IPython loads) with interrupts ignored.
+
+    The io run answers kernel_info before IPython is loaded, so clients may
+    interrupt that early; such an interrupt belongs to no cell. It is logged
+    and dropped — it neither kills the starting kernel nor waits, pending,
+    to interrupt the first cell.
+    """
+    previous = signal.signal(signal.SIGINT, _ignore_at_start_up)
+    try:
+        setup(nursery)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ignore_at_start_up(signum: int, frame: object) -> None:
+    log.info("interrupt while the kernel starts: ignored")
+
+
+def _enable_sigint() -> None:
+    """Main thread, before trio.run: make SIGINT reach Python.
+
+    trio installs its handler only over Python's default one, so a kernel
+    started with SIGINT ignored (``nohup cmd &``, as remote launchers do) or
+    set to ``SIG_DFL`` would never see interrupts; a blocked SIGINT
+    (inherited signal mask) is unblocked.
+    """
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
