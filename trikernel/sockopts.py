@@ -2,52 +2,33 @@
 
 One job: turn the socket options an operator gives (command line,
 environment variable, TOML config file) plus trikernel's defaults into one
-validated, per-channel set of effective options, and set that set on a
-fresh socket *before* it is bound.
+validated set of effective options per channel, and set it on a fresh
+socket *before* it is bound. Why before bind: libzmq copies a socket's
+options into the listener at ``bind()``, so an HWM changed later never
+reaches a subscriber that connects later (zmq_setsockopt(3) does not say
+so; pyzmq's ``Socket.set_hwm`` warns about it). :func:`apply_options`
+refuses a socket that is already bound or connected.
 
-Why before bind: libzmq copies a socket's options into the listener at
-``bind()``; a connection accepted later gets the options the socket had
-then. An HWM changed after bind never reaches a subscriber that connects
-later (libzmq zmq_setsockopt(3) does not say so; pyzmq's ``Socket.set_hwm``
-warns about it). :func:`apply_options` therefore refuses a socket that is
-already bound or connected.
+Looked up, not kept: an option's name, number, aliases (``IDENTITY`` is
+``ROUTING_ID``) and C type (int, int64, bytes) come from pyzmq's
+:class:`zmq.SocketOption`. Kept, because pyzmq does not know them:
+:data:`CATALOGUE` (unit, accepted values, socket types, readability of each
+accepted option), :data:`REJECTED` (why the others are refused) and
+:data:`DEFAULTS` (with reasons). Channels and socket types come from
+:mod:`trikernel.channels`. docs/socket-options.md describes every option;
+tests/test_sockopts.py checks its tables against this module.
 
-What is looked up and what is kept: an option's name, number, aliases
-(``IDENTITY`` is ``ROUTING_ID``) and C type (int, int64 or bytes) come from
-pyzmq's :class:`zmq.SocketOption`. :data:`CATALOGUE` keeps only what pyzmq
-does not know: each accepted option's unit, its accepted values
-(zmq_setsockopt(3), libzmq 4.3; stricter where libzmq would take a value
-that fails later or is rounded), the socket types that accept it and
-whether libzmq can read it back. :data:`REJECTED` says why every other
-option is refused; :data:`DEFAULTS` holds trikernel's defaults and why.
-docs/socket-options.md describes each option; tests/test_sockopts.py checks
-its tables against this module.
+Precedence (docs/socket-options.md): 1. source first: ``--socket-option``
+> ``TRIKERNEL_SOCKET_OPTIONS`` > config file ``[socket_options]`` >
+defaults; 2. within one source, a channel entry beats a ``*`` entry,
+whatever their order; 3. then the last entry wins. :func:`resolve`
+validates every entry of every source before anything is applied and raises
+:class:`~trikernel.errors.ConfigError` (one line naming the option, the
+channel, the source and what is allowed) at the first bad one.
 
-Channels and socket types come from :mod:`trikernel.channels`: ``shell``,
-``control``, ``stdin`` and ``hb`` are ROUTER, ``iopub`` is XPUB; ``*`` means
-all five.
-
-Precedence (documented in docs/socket-options.md):
-
-1. source first: ``--socket-option`` (CLI) > ``TRIKERNEL_SOCKET_OPTIONS``
-   (environment) > config file ``[socket_options]`` > built-in defaults;
-2. within one source, a channel-specific entry beats a ``*`` entry for the
-   same option, whatever their order;
-3. within one source and the same specificity, the last entry wins.
-
-So ``--socket-option *.LINGER=0`` beats ``TRIKERNEL_SOCKET_OPTIONS=shell.LINGER=5``
-(the CLI is the stronger source), and ``*.LINGER=0 shell.LINGER=5`` in one
-source gives shell 5 and every other channel 0.
-
-Validation is complete before anything is applied: :func:`resolve` checks
-every entry of every source and raises :class:`~trikernel.errors.ConfigError`
-(one line naming the option, the channel and what is allowed) at the first
-bad one, so a kernel never starts with a partial set.
-
-Threads: everything here is pure except :func:`apply_options` and
-:func:`read_back`, which touch a socket and so belong to the thread that
-owns it (start-up: the main thread, before the io thread starts).
-:class:`SocketOptions` is immutable and may be shared freely.
+Threads: all pure except :func:`apply_options` and :func:`read_back`, which
+belong to the thread that owns the socket (start-up: the main thread, before
+the io thread starts). :class:`SocketOptions` is immutable and shareable.
 """
 
 from __future__ import annotations
@@ -108,6 +89,7 @@ BOOLEAN: Final = "boolean"
 
 _TYPE_OF: Final[dict[str, str]] = {c: t for c, t in SOCKET_TYPE_NAMES.items()}
 _ANY_TYPE: Final = frozenset(SOCKET_TYPE_NAMES.values())
+_ROUTER, _XPUB = frozenset({"ROUTER"}), frozenset({"XPUB"})
 _C_MAX: Final = {"int": 2**31 - 1, "int64": 2**63 - 1}  # largest value of pyzmq's _OptType
 _WORDS: Final = {"true": 1, "on": 1, "yes": 1, "false": 0, "off": 0, "no": 0}
 
@@ -149,16 +131,21 @@ class OptionSpec:
 
     @property
     def kind(self) -> str:
-        """pyzmq's C type of the option: ``"int"``, ``"int64"`` or ``"bytes"``."""
+        """pyzmq's C type of the option, ``"int"``, ``"int64"`` or ``"bytes"`` (``SocketOption._opt_type``)."""
         return str(zmq.SocketOption[self.name]._opt_type.value)
+
+    @property
+    def values(self) -> tuple[int, ...] | None:
+        """The only accepted values, if limited: :attr:`choices`, or ``(0, 1)`` for a :data:`BOOLEAN`."""
+        return (0, 1) if self.choices is None and self.unit == BOOLEAN else self.choices
 
     @property
     def allowed(self) -> str:
         """What the option takes, for errors and docs: ``"an integer >= 0 (messages; 0 = no limit)"``."""
         if self.kind == "bytes":
             return f"a {self.unit} of {self.minimum} to {self.maximum} bytes, without whitespace or /"
-        if self.choices is not None:
-            text = _either(self.choices)
+        if self.values is not None:
+            text = _either(self.values)
         else:
             what = "an integer" if self.step == 1 else f"a multiple of {self.step}"
             bounds = f">= {self.minimum}" if self.maximum is None else f"from {self.minimum} to {self.maximum}"
@@ -174,36 +161,27 @@ class OptionSpec:
             if not isinstance(value, bytes) or self.maximum is None:
                 return False
             return self.minimum <= len(value) <= self.maximum and not any(c in value for c in b" \t\r\n\0/")
-        if self.choices is not None:
-            return value in self.choices
+        if self.values is not None:
+            return value in self.values
         upper = _C_MAX[self.kind] if self.maximum is None else self.maximum
         return value in self.also or (self.minimum <= value <= upper and value % self.step == 0)
 
     def applies_to(self, channel: str) -> bool:
         """True if the option applies to ``channel`` (``*``: to all five)."""
-        if channel == ALL_CHANNELS:
-            return all(_TYPE_OF[c] in self.socket_types for c in CHANNELS)
-        return _TYPE_OF[channel] in self.socket_types
+        return self.channels() == CHANNELS if channel == ALL_CHANNELS else channel in self.channels()
 
     def channels(self) -> tuple[str, ...]:
         """The channels this option applies to, in :data:`CHANNELS` order."""
         return tuple(c for c in CHANNELS if _TYPE_OF[c] in self.socket_types)
 
 
-def _switch(
-    name: str, *, only: tuple[int, ...] = (0, 1), note: str = "", on: str = "", readable: bool = True
-) -> OptionSpec:
-    types = frozenset({on}) if on else _ANY_TYPE
-    return OptionSpec(name, BOOLEAN, choices=only, note=note, socket_types=types, readable=readable)
-
-
 _MS = "milliseconds"
 _OS = "OS default"
 _WELCOME = "the kernel needs every subscription to send iopub_welcome"
-#: Every option trikernel accepts, by canonical libzmq name: the allow-list
-#: (everything else is refused, see :data:`REJECTED`). Only options this
-#: pyzmq knows are listed; libzmq itself refuses one it lacks at
-#: :func:`apply_options`.
+#: Every option trikernel accepts, ``{canonical NAME: OptionSpec}``: the
+#: allow-list (everything else is refused, see :data:`REJECTED`). Values and
+#: units from zmq_setsockopt(3); only options this pyzmq knows are listed, and
+#: libzmq itself refuses one it lacks at :func:`apply_options`.
 CATALOGUE: Final[Mapping[str, OptionSpec]] = {
     s.name: s
     for s in (
@@ -224,16 +202,16 @@ CATALOGUE: Final[Mapping[str, OptionSpec]] = {
         OptionSpec("BACKLOG", "connections"),
         OptionSpec("HANDSHAKE_IVL", _MS, note="0 = no limit"),
         OptionSpec("HEARTBEAT_IVL", _MS, note="0 = off"),
-        # libzmq keeps deciseconds in 16 bits: it rounds other values and wraps larger ones.
+        # libzmq keeps deciseconds in 16 bits: it truncates other values and refuses more than 6553599.
         OptionSpec("HEARTBEAT_TTL", _MS, 0, 6_553_500, step=100),
         OptionSpec("HEARTBEAT_TIMEOUT", _MS),
         OptionSpec("TOS", "IP TOS byte", 0, 255),  # libzmq takes any int >= 0
-        _switch("IMMEDIATE"),
-        _switch("IPV6"),
+        OptionSpec("IMMEDIATE", BOOLEAN),
+        OptionSpec("IPV6", BOOLEAN),
         OptionSpec("BINDTODEVICE", "network interface name", 1, 15),  # IFNAMSIZ is 16 with the NUL
-        _switch("ROUTER_HANDOVER", on="ROUTER", readable=False),
-        _switch("XPUB_NODROP", on="XPUB", readable=False),
-        _switch("XPUB_VERBOSE", only=(1,), note=_WELCOME, on="XPUB", readable=False),
+        OptionSpec("ROUTER_HANDOVER", BOOLEAN, socket_types=_ROUTER, readable=False),
+        OptionSpec("XPUB_NODROP", BOOLEAN, socket_types=_XPUB, readable=False),
+        OptionSpec("XPUB_VERBOSE", BOOLEAN, choices=(1,), note=_WELCOME, socket_types=_XPUB, readable=False),
     )
     if s.name in zmq.SocketOption.__members__
 }
@@ -286,27 +264,15 @@ REJECTED: Final[tuple[tuple[str, tuple[str, ...]], ...]] = tuple(
 
 
 def _rejection_reason(name: str) -> str:
-    for reason, patterns in REJECTED:
-        if any(fnmatch.fnmatchcase(name, p) for p in patterns):
-            return reason
-    return "is not supported by trikernel"
+    matches = (r for r, patterns in REJECTED if any(fnmatch.fnmatchcase(name, p) for p in patterns))
+    return next(matches, "is not supported by trikernel")
 
 
 # --------------------------------------------------------------------------- parsing
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """One validated option setting from one source."""
-
-    rank: int  # 0 defaults, 1 config file, 2 environment, 3 CLI
-    channel: str  # a channel name or "*"
-    name: str
-    value: OptionValue
-    source: str  # human label for logs/errors
-
-
-_RANK_DEFAULT, _RANK_FILE, _RANK_ENV, _RANK_CLI = 0, 1, 2, 3
+#: One validated setting: ``(channel or "*", canonical NAME, value)``.
+Setting = tuple[str, str, OptionValue]
 _SPEC_RE = re.compile(r"^\s*(?P<channel>[^.=\s]+)\.(?P<name>[^=\s]+)\s*=(?P<value>.*)$")
 
 
@@ -368,13 +334,13 @@ def _convert(spec: OptionSpec, raw: object) -> OptionValue | None:
         return None
 
 
-def _entry(rank: int, channel: str, raw_name: str, raw_value: object, source: str) -> _Entry:
+def _setting(channel: str, raw_name: str, raw_value: object, source: str) -> Setting:
     chan, spec = _lookup(channel, raw_name, raw_value, source)
     value = _convert(spec, raw_value)
     if value is None or not spec.accepts(value):
         problem = f"bad value {raw_value!r}; {spec.name} takes {spec.allowed}"
         raise _fail(chan, spec.name, raw_value, source, problem)
-    return _Entry(rank, chan, spec.name, value, source)
+    return chan, spec.name, value
 
 
 def parse_spec(spec: str, *, source: str = "--socket-option") -> tuple[str, str, OptionValue]:
@@ -392,8 +358,7 @@ def parse_spec(spec: str, *, source: str = "--socket-option") -> tuple[str, str,
             f"bad socket option {spec!r} ({source}): expected CHANNEL.NAME=VALUE, "
             f"e.g. iopub.SNDHWM=10000; channels: {', '.join(CHANNELS)} or *"
         )
-    e = _entry(_RANK_CLI, match["channel"], match["name"], match["value"], source)
-    return e.channel, e.name, e.value
+    return _setting(match["channel"], match["name"], match["value"], source)
 
 
 def format_spec(channel: str, name: str, value: OptionValue) -> str:
@@ -402,11 +367,8 @@ def format_spec(channel: str, name: str, value: OptionValue) -> str:
     return f"{channel}.{name}={text}"
 
 
-def _from_specs(specs: Iterable[str], rank: int, source: str) -> list[_Entry]:
-    return [_Entry(rank, *parse_spec(spec, source=source), source) for spec in specs]
-
-
-def _from_config(path: str) -> list[_Entry]:
+def _from_config(path: str) -> tuple[str, list[Setting]]:
+    """``(source label, settings)`` of the ``[socket_options]`` table of the TOML file at ``path``."""
     import tomllib  # only when a config file is given
 
     label = f"config file {path}"
@@ -424,20 +386,20 @@ def _from_config(path: str) -> list[_Entry]:
         kind = type(table).__name__
         raise ConfigError(f'{label}: [{CONFIG_TABLE}] must be a table of "CHANNEL.NAME" = value, got {kind}')
     source = f"{label} [{CONFIG_TABLE}]"
-    out: list[_Entry] = []
+    out: list[Setting] = []
     for key, value in table.items():
         if isinstance(value, dict):  # [socket_options.iopub] SNDHWM = 1, or iopub.SNDHWM = 1 (dotted key)
             for name, inner in value.items():
                 if isinstance(inner, dict):
                     raise _fail(key, name, None, source, 'nested too deep; use "CHANNEL.NAME" = value')
-                out.append(_entry(_RANK_FILE, key, name, inner, source))
+                out.append(_setting(key, name, inner, source))
         elif "." in key:
             channel, name = key.split(".", 1)
-            out.append(_entry(_RANK_FILE, channel, name, value, source))
+            out.append(_setting(channel, name, value, source))
         else:
             example = '"iopub.SNDHWM" = 10000'
             raise ConfigError(f'{source}: bad key {key!r}; expected "CHANNEL.NAME" = value, e.g. {example}')
-    return out
+    return source, out
 
 
 # --------------------------------------------------------------------------- result
@@ -501,15 +463,17 @@ class SocketOptions:
         return [arg for spec in specs for arg in ("--socket-option", spec)]
 
 
-def _merge(entries: Sequence[_Entry]) -> SocketOptions:
-    # Source rank, then "*" before a specific channel; the sort is stable, so
-    # the given order decides among equals (last wins).
+def _merge(layers: Iterable[tuple[str, Sequence[Setting]]]) -> SocketOptions:
+    """Merge ``(source label, settings)`` layers, weakest first."""
     eff: dict[str, dict[str, OptionValue]] = {c: {} for c in CHANNELS}
     src: dict[str, dict[str, str]] = {c: {} for c in CHANNELS}
-    for e in sorted(entries, key=lambda e: (e.rank, e.channel != ALL_CHANNELS)):
-        for chan in CHANNELS if e.channel == ALL_CHANNELS else (e.channel,):
-            eff[chan][e.name] = e.value
-            src[chan][e.name] = e.source
+    for source, settings in layers:
+        # "*" first so that a channel entry of the same source beats it; the
+        # sort is stable, so among equals the last entry wins.
+        for chan, name, value in sorted(settings, key=lambda s: s[0] != ALL_CHANNELS):
+            for c in CHANNELS if chan == ALL_CHANNELS else (chan,):
+                eff[c][name] = value
+                src[c][name] = source
     return SocketOptions(
         effective=tuple((c, tuple(sorted(eff[c].items()))) for c in CHANNELS),
         sources=tuple((c, tuple(sorted(src[c].items()))) for c in CHANNELS),
@@ -533,12 +497,14 @@ def resolve(cli_specs: Sequence[str] | None, environ: Mapping[str, str], config_
     Raises :class:`ConfigError` (one line) for a missing/unreadable/invalid
     file or any bad entry; nothing is applied anywhere by this function.
     """
-    entries = [_Entry(_RANK_DEFAULT, c, n, v, "default") for c in CHANNELS for n, v in DEFAULTS[c].items()]
+    defaults: list[Setting] = [(c, n, v) for c in CHANNELS for n, v in DEFAULTS[c].items()]
+    layers = [("default", defaults)]
     if config_path is not None:
-        entries += _from_config(config_path)
-    entries += _from_specs([s for s in re.split(r"[\s;]+", environ.get(ENV_VAR, "")) if s], _RANK_ENV, ENV_VAR)
-    entries += _from_specs(cli_specs or (), _RANK_CLI, "--socket-option")
-    options = _merge(entries)
+        layers.append(_from_config(config_path))
+    env_specs = [s for s in re.split(r"[\s;]+", environ.get(ENV_VAR, "")) if s]
+    layers.append((ENV_VAR, [parse_spec(s, source=ENV_VAR) for s in env_specs]))
+    layers.append(("--socket-option", [parse_spec(s) for s in cli_specs or ()]))
+    options = _merge(layers)
     for chan, pairs in options.effective:
         for name, value in pairs:
             if name in ("SNDHWM", "RCVHWM") and value == 0:
@@ -558,25 +524,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     Results land in ``args.socket_options`` (list of str, default empty) and
     ``args.config`` (str or None); pass them to :func:`resolve`.
     """
+    spec_help = (
+        "set a ZeroMQ socket option before bind, e.g. iopub.SNDHWM=10000 or *.TCP_KEEPALIVE=1; CHANNEL is "
+        f"{', '.join(CHANNELS)} or *; repeatable; beats ${ENV_VAR} and --config (see docs/socket-options.md)"
+    )
+    config_help = f'TOML config file; its [{CONFIG_TABLE}] table maps "CHANNEL.NAME" to a value'
     parser.add_argument(
         "--socket-option",
         dest="socket_options",
         action="append",
         default=[],
+        help=spec_help,
         metavar="CHANNEL.NAME=VALUE",
-        help=(
-            "set a ZeroMQ socket option before bind, e.g. iopub.SNDHWM=10000 or "
-            f"*.TCP_KEEPALIVE=1; CHANNEL is {', '.join(CHANNELS)} or *; "
-            f"repeatable; beats ${ENV_VAR} and --config (see docs/socket-options.md)"
-        ),
     )
-    parser.add_argument(
-        "--config",
-        dest="config",
-        default=None,
-        metavar="PATH",
-        help=f'TOML config file; its [{CONFIG_TABLE}] table maps "CHANNEL.NAME" to a value',
-    )
+    parser.add_argument("--config", dest="config", default=None, metavar="PATH", help=config_help)
 
 
 # --------------------------------------------------------------------------- sockets
