@@ -9,21 +9,25 @@ after bind (and an HWM set after bind does not).
 from __future__ import annotations
 
 import argparse
+import re
 import threading
-from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import zmq
 
 from trikernel import sockopts
+from trikernel.channels import SOCKET_TYPE_NAMES
 from trikernel.errors import ConfigError
 from trikernel.sockopts import (
+    BOOLEAN,
     CATALOGUE,
     CHANNEL_SOCKET_TYPES,
     CHANNELS,
     DEFAULTS,
     ENV_VAR,
+    REJECTED,
     SocketOptions,
     add_arguments,
     apply_options,
@@ -31,6 +35,9 @@ from trikernel.sockopts import (
     read_back,
     resolve,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
 
 LOOPBACK = "tcp://127.0.0.1"
 
@@ -163,7 +170,8 @@ def test_every_option_value_range(name: str) -> None:
             parse_spec(f"{chan}.{name}={value}")
         msg = str(exc.value)
         assert f"{chan}.{name}={value}" in msg
-        assert "bad value" in msg and spec.allowed in msg
+        assert "bad value" in msg
+        assert spec.allowed in msg
         assert "\n" not in msg
 
 
@@ -251,11 +259,12 @@ def test_every_other_pyzmq_option_is_rejected(name: str) -> None:
         with pytest.raises(ConfigError) as exc:
             parse_spec(f"{chan}.{name}=1")
         msg = str(exc.value)
-        assert name in msg and f"supported on {chan}:" in msg
+        assert name in msg
+        assert f"supported on {chan}:" in msg
 
 
 def test_one_bad_spec_rejects_the_whole_set() -> None:
-    with pytest.raises(ConfigError, match="iopub.SNDHWM=-1"):
+    with pytest.raises(ConfigError, match=r"iopub\.SNDHWM=-1"):
         resolve(["iopub.SNDHWM=5", "shell.LINGER=0", "iopub.SNDHWM=-1"], {}, None)
 
 
@@ -327,7 +336,8 @@ def test_config_rejections_name_the_file(tmp_path: Path, text: str, needles: lis
     with pytest.raises(ConfigError) as exc:
         opts(config=path)
     msg = str(exc.value)
-    assert f"config file {path}" in msg and "\n" not in msg
+    assert f"config file {path}" in msg
+    assert "\n" not in msg
     for needle in needles:
         assert needle in msg, (needle, msg)
 
@@ -380,10 +390,12 @@ def test_channel_beats_wildcard_within_a_source(order: tuple[str, str]) -> None:
 
 def test_channel_beats_wildcard_within_env_and_file(tmp_path: Path) -> None:
     o = opts(env="shell.LINGER=5;*.LINGER=0")
-    assert eff(o, "shell")["LINGER"] == 5 and eff(o, "hb")["LINGER"] == 0
+    assert eff(o, "shell")["LINGER"] == 5
+    assert eff(o, "hb")["LINGER"] == 0
     path = write_toml(tmp_path, '[socket_options]\n"shell.LINGER" = 5\n"*.LINGER" = 0\n')
     o = opts(config=path)
-    assert eff(o, "shell")["LINGER"] == 5 and eff(o, "hb")["LINGER"] == 0
+    assert eff(o, "shell")["LINGER"] == 5
+    assert eff(o, "hb")["LINGER"] == 0
 
 
 def test_last_wins_within_a_source() -> None:
@@ -394,7 +406,8 @@ def test_last_wins_within_a_source() -> None:
 @pytest.mark.parametrize("sep", [" ", ";", "\n", " ; ", "\t;;"])
 def test_env_separators(sep: str) -> None:
     o = opts(env=f"{sep}iopub.SNDHWM=5{sep}shell.LINGER=0{sep}")
-    assert eff(o, "iopub")["SNDHWM"] == 5 and eff(o, "shell")["LINGER"] == 0
+    assert eff(o, "iopub")["SNDHWM"] == 5
+    assert eff(o, "shell")["LINGER"] == 0
 
 
 def test_empty_env_is_defaults() -> None:
@@ -418,7 +431,8 @@ def test_add_arguments_repeatable_and_config() -> None:
     assert args.socket_options == ["iopub.SNDHWM=1", "*.LINGER=0"]
     assert args.config == "x.toml"
     args = parser.parse_args([])
-    assert args.socket_options == [] and args.config is None
+    assert args.socket_options == []
+    assert args.config is None
 
 
 @pytest.mark.parametrize(
@@ -509,7 +523,8 @@ def test_options_in_effect_on_bound_socket(ctx: zmq.Context[zmq.Socket[bytes]], 
     got = read_back(sock, channel, o)
     expected = {n: v for n, v in o.for_channel(channel) if CATALOGUE[n].readable}
     assert got == expected
-    assert got["SNDHWM"] == 1234 and got["LINGER"] == 250
+    assert got["SNDHWM"] == 1234
+    assert got["LINGER"] == 250
     assert not set(got) & {"ROUTER_HANDOVER", "XPUB_NODROP", "XPUB_VERBOSE"}  # write-only
 
 
@@ -718,7 +733,8 @@ def test_heartbeat_proxy_echoes_with_options(ctx: zmq.Context[zmq.Socket[bytes]]
 
 
 def test_module_docstring_and_logger() -> None:
-    assert sockopts.__doc__ and "before bind" in sockopts.__doc__
+    assert sockopts.__doc__
+    assert "before bind" in sockopts.__doc__
     assert sockopts.log.name == "trikernel.sockopts"
 
 
@@ -740,7 +756,8 @@ def test_doc_config_example_parses(tmp_path: Path) -> None:
     text = DOC.read_text(encoding="utf-8")
     example = text.split("```toml\n", 1)[1].split("```", 1)[0]
     o = opts(config=write_toml(tmp_path, example))
-    assert eff(o, "iopub")["SNDHWM"] == 50000 and eff(o, "iopub")["XPUB_NODROP"] == 1
+    assert eff(o, "iopub")["SNDHWM"] == 50000
+    assert eff(o, "iopub")["XPUB_NODROP"] == 1
     assert eff(o, "shell")["LINGER"] == 0
     assert {eff(o, c)["TCP_KEEPALIVE"] for c in CHANNELS} == {1}
 
@@ -748,9 +765,122 @@ def test_doc_config_example_parses(tmp_path: Path) -> None:
 def test_doc_error_examples_are_real() -> None:
     text = DOC.read_text(encoding="utf-8")
     for spec, source_env in [("shell.XPUB_NODROP=1", False), ("iopub.SNDHWM=-5", True), ("shel.SNDHWM=1", False)]:
+        cli, environ = ([], {ENV_VAR: spec}) if source_env else ([spec], {})
         with pytest.raises(ConfigError) as exc:
-            if source_env:
-                resolve([], {ENV_VAR: spec}, None)
-            else:
-                resolve([spec], {}, None)
+            resolve(cli, environ, None)
         assert f"trikernel: {exc.value}" in text, str(exc.value)
+
+
+# --------------------------------------------------------------------------- pyzmq is the source of types
+
+
+def test_option_types_come_from_pyzmq() -> None:
+    """Name, number and C type are pyzmq's (``SocketOption._opt_type``); bounds follow the C type."""
+    assert set(CATALOGUE) <= set(zmq.SocketOption.__members__)
+    kinds = {n: s.kind for n, s in CATALOGUE.items()}
+    assert kinds["MAXMSGSIZE"] == "int64"
+    assert kinds["BINDTODEVICE"] == "bytes"
+    assert {k for n, k in kinds.items() if n not in ("MAXMSGSIZE", "BINDTODEVICE")} == {"int"}
+    assert parse_spec("iopub.SNDHWM=2147483647")[2] == 2**31 - 1  # int: 32 bits
+    with pytest.raises(ConfigError, match="bad value"):
+        parse_spec("iopub.SNDHWM=2147483648")
+    assert parse_spec("shell.DELAY_ATTACH_ON_CONNECT=1")[1] == "IMMEDIATE"  # pyzmq's alias
+
+
+def test_every_rejected_pattern_matches_a_pyzmq_option() -> None:
+    """No stale entry in REJECTED: each pattern names at least one option pyzmq knows."""
+    names = [m.name for m in zmq.SocketOption]
+    for reason, patterns in REJECTED:
+        assert reason
+        for pattern in patterns:
+            matched = [n for n in names if re.fullmatch(pattern.replace("*", ".*"), n)]
+            assert matched, pattern
+            assert not set(matched) & set(CATALOGUE), pattern
+
+
+# --------------------------------------------------------------------------- docs match the code
+
+
+def _section(title: str) -> str:
+    text = DOC.read_text(encoding="utf-8")
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _table(title: str) -> list[list[str]]:
+    """Body rows (header and separator dropped) of the one markdown table under ``## title``."""
+    rows = [line.strip().strip("|").split("|") for line in _section(title).splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in row] for row in rows[2:]]
+
+
+def _channels_cell(channels: Sequence[str]) -> str:
+    return "all" if tuple(channels) == CHANNELS else ", ".join(channels)
+
+
+def _default_cell(name: str) -> str:
+    """trikernel's default as the option table shows it: ``"1000"``, ``"iopub 10000"`` or ``"—"``."""
+    chans = [c for c in CHANNELS if name in DEFAULTS[c]]
+    values = {DEFAULTS[c][name] for c in chans}
+    if not chans:
+        return "—"
+    if tuple(chans) == CATALOGUE[name].channels() and len(values) == 1:
+        return str(values.pop())
+    return ", ".join(f"{c} {DEFAULTS[c][name]!s}" for c in chans)
+
+
+def test_doc_channel_table_matches_channels() -> None:
+    rows = _table("Channels")
+    assert [r[0] for r in rows] == [f"`{c}`" for c in CHANNELS] + ["`*`"]
+    assert [r[1] for r in rows[:-1]] == [SOCKET_TYPE_NAMES[c] for c in CHANNELS]
+
+
+def test_doc_option_table_matches_catalogue() -> None:
+    """Name, channels, accepted values (the error text) and trikernel default of every row are the code's."""
+    rows = _table("Supported options")
+    assert [r[0] for r in rows] == [f"`{n}`" for n in CATALOGUE]
+    for row in rows:
+        name = row[0].strip("`")
+        spec = CATALOGUE[name]
+        assert row[1:4] == [_channels_cell(spec.channels()), spec.allowed, _default_cell(name)], name
+
+
+def test_doc_libzmq_defaults_are_what_libzmq_reads(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    """The "libzmq default" column: getsockopt on a fresh socket, for every readable option with a number."""
+    checked = 0
+    for row in _table("Supported options"):
+        name, cell = row[0].strip("`"), row[4]
+        spec = CATALOGUE[name]
+        if spec.readable and re.fullmatch(r"-?\d+", cell):
+            sock = ctx.socket(CHANNEL_SOCKET_TYPES[spec.channels()[0]])
+            assert sock.getsockopt(zmq.SocketOption[name]) == int(cell), name
+            sock.close(linger=0)
+            checked += 1
+    assert checked >= 18
+
+
+def test_doc_defaults_table_matches_defaults() -> None:
+    expected = set()
+    for name in {n for c in CHANNELS for n in DEFAULTS[c]}:
+        by_value: dict[int | bytes, list[str]] = {}
+        for chan in CHANNELS:
+            if name in DEFAULTS[chan]:
+                by_value.setdefault(DEFAULTS[chan][name], []).append(chan)
+        unit = CATALOGUE[name].unit
+        for value, chans in by_value.items():
+            shown = str(value) if unit in ("", BOOLEAN) else f"{value!s} {unit}"
+            expected.add((_channels_cell(chans), f"`{name}`", shown))
+    assert {(r[0], r[1], r[2]) for r in _table("Defaults and why")} == expected
+
+
+def test_doc_rejected_list_matches_code() -> None:
+    """Each bullet starts with the REJECTED patterns it explains (aliases allowed), all of them once."""
+    block = next(b for b in _section("Rejected options").split("\n\n") if b.startswith("- "))
+    bullets = re.split(r"\n- ", block.removeprefix("- "))
+    named: list[str] = []
+    for bullet in bullets:
+        head = " ".join(bullet.split()).split(": ", 1)[0]
+        for name in re.findall(r"`([A-Z0-9_*]+)`", head):
+            member = zmq.SocketOption.__members__.get(name)
+            named.append(member.name if member is not None else name)
+    patterns = [p for _, ps in REJECTED for p in ps]
+    assert sorted(set(named)) == sorted(patterns)
+    assert len(set(patterns)) == len(patterns)

@@ -1,68 +1,64 @@
-"""ZeroMQ socket options: catalogue, parsing, precedence, validation, apply.
+"""ZeroMQ socket options: what trikernel accepts, precedence, validation, apply.
 
 One job: turn the socket options an operator gives (command line,
 environment variable, TOML config file) plus trikernel's defaults into one
-validated, per-channel set of effective options, and set that set on a
-fresh socket *before* it is bound.
+validated set of effective options per channel, and set it on a fresh
+socket *before* it is bound. Why before bind: libzmq copies a socket's
+options into the listener at ``bind()``, so an HWM changed later never
+reaches a subscriber that connects later (zmq_setsockopt(3) does not say
+so; pyzmq's ``Socket.set_hwm`` warns about it). :func:`apply_options`
+refuses a socket that is already bound or connected.
 
-Why before bind: libzmq copies a socket's options into the listener at
-``bind()``; a connection accepted later gets the options the socket had
-then. An HWM changed after bind never reaches a subscriber that connects
-later (libzmq zmq_setsockopt(3) does not say so; pyzmq's ``Socket.set_hwm``
-warns about it). :func:`apply_options` therefore refuses a socket that is
-already bound or connected.
+Looked up, not kept: an option's name, number, aliases (``IDENTITY`` is
+``ROUTING_ID``) and C type (int, int64, bytes) come from pyzmq's
+:class:`zmq.SocketOption`. Kept, because pyzmq does not know them:
+:data:`CATALOGUE` (unit, accepted values, socket types, readability of each
+accepted option), :data:`REJECTED` (why the others are refused) and
+:data:`DEFAULTS` (with reasons). Channels and socket types come from
+:mod:`trikernel.channels`. docs/socket-options.md describes every option;
+tests/test_sockopts.py checks its tables against this module.
 
-Channels and their socket types: ``shell``, ``control``, ``stdin`` and
-``hb`` are ``ZMQ_ROUTER`` (``hb`` is echoed in C by ``zmq.proxy``), ``iopub``
-is ``ZMQ_XPUB``; ``*`` means all five.
+Precedence (docs/socket-options.md): 1. source first: ``--socket-option``
+> ``TRIKERNEL_SOCKET_OPTIONS`` > config file ``[socket_options]`` >
+defaults; 2. within one source, a channel entry beats a ``*`` entry,
+whatever their order; 3. then the last entry wins. :func:`resolve`
+validates every entry of every source before anything is applied and raises
+:class:`~trikernel.errors.ConfigError` (one line naming the option, the
+channel, the source and what is allowed) at the first bad one.
 
-Precedence (documented in docs/socket-options.md):
-
-1. source first: ``--socket-option`` (CLI) > ``TRIKERNEL_SOCKET_OPTIONS``
-   (environment) > config file ``[socket_options]`` > built-in defaults;
-2. within one source, a channel-specific entry beats a ``*`` entry for the
-   same option, whatever their order;
-3. within one source and the same specificity, the last entry wins.
-
-So ``--socket-option *.LINGER=0`` beats ``TRIKERNEL_SOCKET_OPTIONS=shell.LINGER=5``
-(the CLI is the stronger source), and ``*.LINGER=0 shell.LINGER=5`` in one
-source gives shell 5 and every other channel 0.
-
-Validation is complete before anything is applied: :func:`resolve` checks
-every entry of every source and raises :class:`~trikernel.errors.ConfigError`
-(one line naming the option, the channel and what is allowed) at the first
-bad one, so a kernel never starts with a partial set.
-
-Option names and value semantics: libzmq's zmq_setsockopt(3) (4.3), looked
-up through pyzmq's :class:`zmq.SocketOption`.
-
-Not thread-safe to apply to one socket from two threads (no ZeroMQ socket is);
-:class:`SocketOptions` itself is immutable and may be shared freely.
+Threads: all pure except :func:`apply_options` and :func:`read_back`, which
+belong to the thread that owns the socket (start-up: the main thread, before
+the io thread starts). :class:`SocketOptions` is immutable and shareable.
 """
 
 from __future__ import annotations
 
-import argparse
+import fnmatch
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import KW_ONLY, dataclass
+from typing import TYPE_CHECKING, Any, Final
 
 import zmq
 
-from .channels import CHANNELS
+from .channels import CHANNELS, SOCKET_TYPE_NAMES
 from .errors import ConfigError
 from .sockets import SOCKET_TYPES
 
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Iterable, Mapping, Sequence
+
 __all__ = [
     "ALL_CHANNELS",
+    "BOOLEAN",
     "CATALOGUE",
     "CHANNELS",
     "CHANNEL_SOCKET_TYPES",
     "CONFIG_TABLE",
     "DEFAULTS",
     "ENV_VAR",
+    "REJECTED",
     "OptionSpec",
     "OptionValue",
     "SocketOptions",
@@ -76,407 +72,207 @@ __all__ = [
 
 log = logging.getLogger("trikernel.sockopts")
 
-#: An effective option value: ``int`` for integer/boolean options, ``bytes``
-#: for string options (what ``zmq.Socket.setsockopt`` takes).
+#: An effective option value: ``int`` for integer options, ``bytes`` for
+#: string options (what ``zmq.Socket.setsockopt`` takes).
 OptionValue = int | bytes
 
 #: The channel wildcard: the option is set on all five channels.
-ALL_CHANNELS = "*"
-#: Socket type of each channel (zmq socket-type constants; channels.py).
-CHANNEL_SOCKET_TYPES: Mapping[str, int] = SOCKET_TYPES
+ALL_CHANNELS: Final = "*"
+#: pyzmq socket type of each channel (``{"shell": zmq.ROUTER, ...}``; sockets.py).
+CHANNEL_SOCKET_TYPES: Final[Mapping[str, int]] = SOCKET_TYPES
 #: Environment variable holding specs separated by whitespace or ``;``.
-ENV_VAR = "TRIKERNEL_SOCKET_OPTIONS"
+ENV_VAR: Final = "TRIKERNEL_SOCKET_OPTIONS"
 #: Name of the TOML table read from the ``--config`` file.
-CONFIG_TABLE = "socket_options"
+CONFIG_TABLE: Final = "socket_options"
+#: :attr:`OptionSpec.unit` of a 0/1 switch: also takes true/false, on/off, yes/no.
+BOOLEAN: Final = "boolean"
 
-_ROUTER = frozenset({zmq.ROUTER})
-_XPUB = frozenset({zmq.XPUB})
-_BOTH = frozenset({zmq.ROUTER, zmq.XPUB})
-_INT32_MAX = 2**31 - 1
-_INT64_MAX = 2**63 - 1
-_ROUTER_CHANNELS = tuple(c for c in CHANNELS if CHANNEL_SOCKET_TYPES[c] == zmq.ROUTER)
-_SOCKET_TYPE_NAMES: Mapping[int, str] = {zmq.ROUTER: "ROUTER", zmq.XPUB: "XPUB"}
+_TYPE_OF: Final[dict[str, str]] = {c: t for c, t in SOCKET_TYPE_NAMES.items()}
+_ANY_TYPE: Final = frozenset(SOCKET_TYPE_NAMES.values())
+_ROUTER, _XPUB = frozenset({"ROUTER"}), frozenset({"XPUB"})
+_C_MAX: Final = {"int": 2**31 - 1, "int64": 2**63 - 1}  # largest value of pyzmq's _OptType
+_WORDS: Final = {"true": 1, "on": 1, "yes": 1, "false": 0, "off": 0, "no": 0}
+
+
+def _either(values: Iterable[int]) -> str:
+    """``(-1, 0, 1)`` -> ``"-1, 0 or 1"``."""
+    *head, last = (str(v) for v in values)
+    return f"{', '.join(head)} or {last}" if head else last
 
 
 @dataclass(frozen=True)
 class OptionSpec:
-    """One supported libzmq socket option and the values trikernel accepts.
+    """What trikernel knows about one accepted libzmq option and pyzmq does not.
 
-    ``kind``: ``"int"`` (decimal integer), ``"bool"`` (0/1, also
-    true/false), ``"bytes"`` (UTF-8 text, set as bytes).
-    ``minimum``/``maximum``: inclusive bounds for ints (for bytes: length in
-    bytes). ``choices``: if set, the only accepted values. ``step``: the
-    value must be a multiple of it (libzmq would round otherwise).
-    ``socket_types``: zmq socket types it applies to. ``readable``: libzmq
-    supports getsockopt for it (ROUTER_HANDOVER, XPUB_NODROP and
-    XPUB_VERBOSE are write-only). ``allowed``: the human text used in error
-    messages and docs. ``unit`` and ``doc``: for docs/socket-options.md.
+    ``name``: libzmq's name without ``ZMQ_``, a :class:`zmq.SocketOption`
+    member (which gives its number and C type, :attr:`kind`). ``unit``: of
+    the value (``"milliseconds"``, ``"seconds"``, ``"bytes"``...), or
+    :data:`BOOLEAN`. ``minimum``/``maximum``: inclusive bounds (for a bytes
+    option: of its length in bytes); ``maximum=None`` is the largest value
+    of the C type. ``also``: accepted values below ``minimum``. ``choices``:
+    if set, the only accepted values. ``step``: the value must be a multiple
+    of it. ``note``: what special values mean. ``socket_types``: libzmq
+    socket type names that accept it (``"ROUTER"``, ``"XPUB"``).
+    ``readable``: libzmq can getsockopt it. Source: zmq_setsockopt(3),
+    zmq_getsockopt(3), libzmq 4.3.
     """
 
     name: str
-    kind: Literal["int", "bool", "bytes"]
-    socket_types: frozenset[int]
-    allowed: str
     unit: str
-    doc: str
-    minimum: int | None = None
+    minimum: int = 0
     maximum: int | None = None
+    _: KW_ONLY
+    also: tuple[int, ...] = ()
     choices: tuple[int, ...] | None = None
     step: int = 1
+    note: str = ""
+    socket_types: frozenset[str] = _ANY_TYPE
     readable: bool = True
+
+    @property
+    def kind(self) -> str:
+        """pyzmq's C type of the option, ``"int"``, ``"int64"`` or ``"bytes"`` (``SocketOption._opt_type``)."""
+        return str(zmq.SocketOption[self.name]._opt_type.value)
+
+    @property
+    def values(self) -> tuple[int, ...] | None:
+        """The only accepted values, if limited: :attr:`choices`, or ``(0, 1)`` for a :data:`BOOLEAN`."""
+        return (0, 1) if self.choices is None and self.unit == BOOLEAN else self.choices
+
+    @property
+    def allowed(self) -> str:
+        """What the option takes, for errors and docs: ``"an integer >= 0 (messages; 0 = no limit)"``."""
+        if self.kind == "bytes":
+            return f"a {self.unit} of {self.minimum} to {self.maximum} bytes, without whitespace or /"
+        if self.values is not None:
+            text = _either(self.values)
+        else:
+            what = "an integer" if self.step == 1 else f"a multiple of {self.step}"
+            bounds = f">= {self.minimum}" if self.maximum is None else f"from {self.minimum} to {self.maximum}"
+            if self.also:  # the note says what the extra values mean
+                return f"{_either(self.also)} ({self.note}) or {what} {bounds} ({self.unit})"
+            text = f"{what} {bounds}"
+        detail = "; ".join(p for p in ("" if self.unit == BOOLEAN else self.unit, self.note) if p)
+        return f"{text} ({detail})" if detail else text
+
+    def accepts(self, value: OptionValue) -> bool:
+        """True if ``value`` (``bytes`` for a bytes option, else ``int``) is allowed."""
+        if isinstance(value, bytes) or self.kind == "bytes":
+            if not isinstance(value, bytes) or self.maximum is None:
+                return False
+            return self.minimum <= len(value) <= self.maximum and not any(c in value for c in b" \t\r\n\0/")
+        if self.values is not None:
+            return value in self.values
+        upper = _C_MAX[self.kind] if self.maximum is None else self.maximum
+        return value in self.also or (self.minimum <= value <= upper and value % self.step == 0)
 
     def applies_to(self, channel: str) -> bool:
         """True if the option applies to ``channel`` (``*``: to all five)."""
-        if channel == ALL_CHANNELS:
-            return all(CHANNEL_SOCKET_TYPES[c] in self.socket_types for c in CHANNELS)
-        return CHANNEL_SOCKET_TYPES[channel] in self.socket_types
+        return self.channels() == CHANNELS if channel == ALL_CHANNELS else channel in self.channels()
 
     def channels(self) -> tuple[str, ...]:
         """The channels this option applies to, in :data:`CHANNELS` order."""
-        return tuple(c for c in CHANNELS if CHANNEL_SOCKET_TYPES[c] in self.socket_types)
+        return tuple(c for c in CHANNELS if _TYPE_OF[c] in self.socket_types)
 
 
-def _int(
-    name: str,
-    allowed: str,
-    unit: str,
-    doc: str,
-    *,
-    minimum: int,
-    maximum: int = _INT32_MAX,
-    step: int = 1,
-    socket_types: frozenset[int] = _BOTH,
-) -> OptionSpec:
-    return OptionSpec(name, "int", socket_types, allowed, unit, doc, minimum=minimum, maximum=maximum, step=step)
-
-
-def _bool(
-    name: str,
-    doc: str,
-    *,
-    socket_types: frozenset[int] = _BOTH,
-    readable: bool = True,
-    choices: tuple[int, ...] = (0, 1),
-    allowed: str = "0 or 1",
-) -> OptionSpec:
-    return OptionSpec(name, "bool", socket_types, allowed, "boolean", doc, choices=choices, readable=readable)
-
-
-#: Every option trikernel accepts, by libzmq name (without ``ZMQ_``). This is
-#: the allow-list; everything else is rejected with a reason (see
-#: ``_REJECTED``). Ranges follow zmq_setsockopt(3); where libzmq accepts a
-#: value that only fails later (at bind/accept) or is silently rounded,
-#: trikernel is stricter and says so in ``allowed``.
-CATALOGUE: Mapping[str, OptionSpec] = {
+_MS = "milliseconds"
+_OS = "OS default"
+_WELCOME = "the kernel needs every subscription to send iopub_welcome"
+#: Every option trikernel accepts, ``{canonical NAME: OptionSpec}``: the
+#: allow-list (everything else is refused, see :data:`REJECTED`). Values and
+#: units from zmq_setsockopt(3); only options this pyzmq knows are listed, and
+#: libzmq itself refuses one it lacks at :func:`apply_options`.
+CATALOGUE: Final[Mapping[str, OptionSpec]] = {
     s.name: s
     for s in (
-        _int(
-            "SNDHWM",
-            "an integer >= 0 (messages; 0 = no limit)",
-            "messages",
-            "High-water mark for outbound messages queued per peer. At the mark a "
-            "ROUTER drops, an XPUB drops (XPUB_NODROP=0) or refuses with EAGAIN "
-            "(XPUB_NODROP=1). 0 means no limit (unbounded memory; discouraged).",
-            minimum=0,
-        ),
-        _int(
-            "RCVHWM",
-            "an integer >= 0 (messages; 0 = no limit)",
-            "messages",
-            "High-water mark for inbound messages queued per peer before the kernel "
-            "reads them. 0 means no limit (unbounded memory; discouraged).",
-            minimum=0,
-        ),
-        _int(
-            "LINGER",
-            "an integer >= -1 (milliseconds; -1 = wait forever, 0 = discard)",
-            "ms",
-            "How long unsent messages are kept after close. -1 can hang shutdown forever when a peer stopped reading.",
-            minimum=-1,
-        ),
-        _int(
-            "SNDTIMEO",
-            "an integer >= -1 (milliseconds; -1 = block forever)",
-            "ms",
-            "Timeout of a blocking send. trikernel's own sends are non-blocking, so "
-            "this only affects blocking calls; the IOPub stall timeout is a kernel "
-            "setting, not this option.",
-            minimum=-1,
-        ),
-        _int(
-            "RCVTIMEO",
-            "an integer >= -1 (milliseconds; -1 = block forever)",
-            "ms",
-            "Timeout of a blocking receive. trikernel's receives wait in trio (or in "
-            "zmq_proxy for hb), so this only affects blocking calls.",
-            minimum=-1,
-        ),
-        _int(
-            "MAXMSGSIZE",
-            "an integer >= -1 (bytes; -1 = no limit)",
-            "bytes",
-            "Largest inbound message accepted; a peer sending a bigger one is "
-            "disconnected. Applies to each message part's total.",
-            minimum=-1,
-            maximum=_INT64_MAX,
-        ),
-        _int(
-            "SNDBUF",
-            "an integer >= -1 (bytes; -1 or 0 = OS default)",
-            "bytes",
-            "Kernel (OS) TCP send buffer size (SO_SNDBUF).",
-            minimum=-1,
-        ),
-        _int(
-            "RCVBUF",
-            "an integer >= -1 (bytes; -1 or 0 = OS default)",
-            "bytes",
-            "Kernel (OS) TCP receive buffer size (SO_RCVBUF).",
-            minimum=-1,
-        ),
-        OptionSpec(
-            "TCP_KEEPALIVE",
-            "int",
-            _BOTH,
-            "-1, 0 or 1 (-1 = OS default)",
-            "tri-state",
-            "SO_KEEPALIVE on accepted TCP connections; keeps idle connections "
-            "alive through firewalls/NAT that cut them.",
-            choices=(-1, 0, 1),
-        ),
-        _int(
-            "TCP_KEEPALIVE_IDLE",
-            "-1 (OS default) or an integer >= 1 (seconds)",
-            "s",
-            "TCP_KEEPIDLE: idle time before the first keepalive probe.",
-            minimum=-1,
-        ),
-        _int(
-            "TCP_KEEPALIVE_INTVL",
-            "-1 (OS default) or an integer >= 1 (seconds)",
-            "s",
-            "TCP_KEEPINTVL: time between keepalive probes.",
-            minimum=-1,
-        ),
-        _int(
-            "TCP_KEEPALIVE_CNT",
-            "-1 (OS default) or an integer >= 1 (probes)",
-            "probes",
-            "TCP_KEEPCNT: unanswered probes before the connection is dropped.",
-            minimum=-1,
-        ),
-        _int(
-            "TCP_MAXRT",
-            "an integer >= 0 (milliseconds; 0 = OS default)",
-            "ms",
-            "TCP_USER_TIMEOUT: how long sent data may stay unacknowledged before the connection is dropped.",
-            minimum=0,
-        ),
-        _int(
-            "BACKLOG",
-            "an integer >= 0 (connections)",
-            "connections",
-            "listen() backlog of pending connections; takes effect at bind.",
-            minimum=0,
-        ),
-        _int(
-            "HANDSHAKE_IVL",
-            "an integer >= 0 (milliseconds; 0 = no limit)",
-            "ms",
-            "Maximum time for the ZMTP (and CurveZMQ) handshake of a new connection.",
-            minimum=0,
-        ),
-        _int(
-            "HEARTBEAT_IVL",
-            "an integer >= 0 (milliseconds; 0 = off)",
-            "ms",
-            "Interval of ZMTP PING heartbeats on each connection (protocol level; not the Jupyter hb channel).",
-            minimum=0,
-        ),
-        _int(
-            "HEARTBEAT_TTL",
-            "a multiple of 100 from 0 to 6553500 (milliseconds)",
-            "ms",
-            "TTL the kernel asks peers to apply to its ZMTP heartbeats; libzmq "
-            "keeps deciseconds, so trikernel accepts multiples of 100 only.",
-            minimum=0,
-            maximum=6553500,
-            step=100,
-        ),
-        _int(
-            "HEARTBEAT_TIMEOUT",
-            "an integer >= 0 (milliseconds)",
-            "ms",
-            "How long to wait for a PONG before closing the connection (libzmq default: HEARTBEAT_IVL).",
-            minimum=0,
-        ),
-        _int(
-            "TOS",
-            "an integer from 0 to 255",
-            "IP TOS byte",
-            "IP type-of-service / DSCP byte of outgoing packets.",
-            minimum=0,
-            maximum=255,
-        ),
-        _bool(
-            "IMMEDIATE",
-            "Queue only on completed connections. Matters to connecting sockets; "
-            "trikernel binds every channel, so it has no visible effect there. "
-            "Accepted for completeness.",
-        ),
-        _bool(
-            "IPV6",
-            "Allow IPv6 on the socket; needed when the connection file's ip is an IPv6 address (e.g. '::').",
-        ),
-        OptionSpec(
-            "BINDTODEVICE",
-            "bytes",
-            _BOTH,
-            "a network interface name of 1 to 15 characters",
-            "interface name",
-            "SO_BINDTODEVICE: accept connections only through this interface (Linux; needs CAP_NET_RAW).",
-            minimum=1,
-            maximum=15,
-        ),
-        _bool(
-            "ROUTER_HANDOVER",
-            "A client reconnecting with the routing id of a live connection takes "
-            "it over instead of being refused. Write-only in libzmq.",
-            socket_types=_ROUTER,
-            readable=False,
-        ),
-        _bool(
-            "XPUB_NODROP",
-            "At SNDHWM, refuse the send (EAGAIN) instead of dropping silently; the "
-            "iopub task then waits, and falls back to dropping for one message "
-            "after its stall timeout. Write-only in libzmq.",
-            socket_types=_XPUB,
-            readable=False,
-        ),
-        _bool(
-            "XPUB_VERBOSE",
-            "Pass every subscription (not only the first per topic) to the kernel, "
-            "so each new subscriber gets iopub_welcome (JEP 65). Fixed to 1: the "
-            "kernel relies on it. Write-only in libzmq.",
-            socket_types=_XPUB,
-            readable=False,
-            choices=(1,),
-            allowed="1 (the kernel needs every subscription to send iopub_welcome)",
-        ),
+        OptionSpec("SNDHWM", "messages", note="0 = no limit"),
+        OptionSpec("RCVHWM", "messages", note="0 = no limit"),
+        OptionSpec("LINGER", _MS, -1, note="-1 = wait forever, 0 = discard"),
+        OptionSpec("SNDTIMEO", _MS, -1, note="-1 = block forever"),
+        OptionSpec("RCVTIMEO", _MS, -1, note="-1 = block forever"),
+        OptionSpec("MAXMSGSIZE", "bytes", -1, note="-1 = no limit"),
+        OptionSpec("SNDBUF", "bytes", -1, note="-1 or 0 = OS default"),
+        OptionSpec("RCVBUF", "bytes", -1, note="-1 or 0 = OS default"),
+        OptionSpec("TCP_KEEPALIVE", "", choices=(-1, 0, 1), note="-1 = OS default"),
+        # libzmq takes 0 for these three; the OS then refuses it at accept time.
+        OptionSpec("TCP_KEEPALIVE_IDLE", "seconds", 1, also=(-1,), note=_OS),
+        OptionSpec("TCP_KEEPALIVE_INTVL", "seconds", 1, also=(-1,), note=_OS),
+        OptionSpec("TCP_KEEPALIVE_CNT", "probes", 1, also=(-1,), note=_OS),
+        OptionSpec("TCP_MAXRT", _MS, note="0 = OS default"),
+        OptionSpec("BACKLOG", "connections"),
+        OptionSpec("HANDSHAKE_IVL", _MS, note="0 = no limit"),
+        OptionSpec("HEARTBEAT_IVL", _MS, note="0 = off"),
+        # libzmq keeps deciseconds in 16 bits: it truncates other values and refuses more than 6553599.
+        OptionSpec("HEARTBEAT_TTL", _MS, 0, 6_553_500, step=100),
+        OptionSpec("HEARTBEAT_TIMEOUT", _MS),
+        OptionSpec("TOS", "IP TOS byte", 0, 255),  # libzmq takes any int >= 0
+        OptionSpec("IMMEDIATE", BOOLEAN),
+        OptionSpec("IPV6", BOOLEAN),
+        OptionSpec("BINDTODEVICE", "network interface name", 1, 15),  # IFNAMSIZ is 16 with the NUL
+        OptionSpec("ROUTER_HANDOVER", BOOLEAN, socket_types=_ROUTER, readable=False),
+        OptionSpec("XPUB_NODROP", BOOLEAN, socket_types=_XPUB, readable=False),
+        OptionSpec("XPUB_VERBOSE", BOOLEAN, choices=(1,), note=_WELCOME, socket_types=_XPUB, readable=False),
     )
+    if s.name in zmq.SocketOption.__members__
 }
 
-
-#: Defaults per channel, with the reason for each (see docs/socket-options.md).
-#: - LINGER=1000 everywhere: shutdown flushes pending replies/outputs for up
+#: Defaults per channel, ``{channel: {NAME: value}}``, with the reason for each
+#: (docs/socket-options.md, "Defaults and why"):
+#: - LINGER=1000 ms everywhere: shutdown flushes pending replies/outputs for up
 #:   to 1 s but never hangs on a peer that stopped reading (libzmq: -1).
 #: - ROUTER_HANDOVER=0 on ROUTER channels (libzmq's default, stated): every
-#:   client a jupyter_client KernelManager makes shares one session and so
-#:   one DEALER identity; with handover on, a second client's connection
-#:   takes over the first one's route and the first one's requests and
-#:   replies are lost (seen in tests/test_kernel.py). Operators whose
-#:   clients use unique identities may turn it on.
+#:   client one jupyter_client KernelManager makes shares one session and so
+#:   one DEALER identity; with handover on, a second client's connection takes
+#:   over the first one's route and the first one's requests and replies are
+#:   lost (seen in tests/test_kernel.py).
 #: - iopub SNDHWM=10000: finite, so a stalled subscriber costs bounded memory;
 #:   10x libzmq's 1000 so ordinary output bursts fit without stalling.
 #: - iopub XPUB_NODROP=1: a full subscriber makes the send wait (the iopub
-#:   task's timeout fallback then drops for that one message) instead of
-#:   silent loss.
+#:   task's timeout fallback then drops for that one message), no silent loss.
 #: - iopub XPUB_VERBOSE=1: every subscriber gets iopub_welcome (JEP 65).
-DEFAULTS: Mapping[str, Mapping[str, OptionValue]] = {
-    **{c: {"LINGER": 1000, "ROUTER_HANDOVER": 0} for c in _ROUTER_CHANNELS},
+DEFAULTS: Final[Mapping[str, Mapping[str, OptionValue]]] = {
+    **{c: {"LINGER": 1000, "ROUTER_HANDOVER": 0} for c in CHANNELS if _TYPE_OF[c] == "ROUTER"},
     "iopub": {"LINGER": 1000, "SNDHWM": 10000, "XPUB_NODROP": 1, "XPUB_VERBOSE": 1},
 }
 
-
-_SECURITY = "is reserved: the kernel sets security options itself (CurveZMQ keys from the connection file)"
+_RESERVED = "is reserved: the kernel sets security options itself (CurveZMQ keys from the connection file)"
+_ROUTING_ID = "is not configurable: the kernel's own routing id plays no role for its clients"
+_AFFINITY = "is not configurable: I/O-thread affinity is a context setting of the kernel"
 _CONNECT_ONLY = "applies only to connecting sockets; trikernel binds every channel"
-_READ_ONLY = "is read-only"
 _SEMANTICS = "would change message semantics the kernel relies on"
-_NOT_USED = "concerns a transport, socket type or feature trikernel does not use"
-
-#: Reasons for options pyzmq knows but trikernel refuses. Any other known
-#: option not in CATALOGUE gets "not supported by trikernel".
-_REJECTED: Mapping[str, str] = {
-    "SUBSCRIBE": "is never allowed: subscriptions belong to the clients, not to the kernel",
-    "UNSUBSCRIBE": "is never allowed: subscriptions belong to the clients, not to the kernel",
-    "ROUTING_ID": "is not configurable: the kernel's own routing id plays no role for its clients",
-    "CONNECT_ROUTING_ID": _CONNECT_ONLY,
-    "AFFINITY": "is not configurable: I/O-thread affinity is a context setting of the kernel",
-    "HWM": "is a deprecated alias; give SNDHWM and RCVHWM",
-    "MECHANISM": _READ_ONLY,
-    **{n: _READ_ONLY for n in ("RCVMORE", "FD", "EVENTS", "TYPE", "LAST_ENDPOINT", "THREAD_SAFE")},
-    "TOPICS_COUNT": _READ_ONLY,
-    **{
-        n: _CONNECT_ONLY
-        for n in (
-            "RECONNECT_IVL",
-            "RECONNECT_IVL_MAX",
-            "RECONNECT_STOP",
-            "CONNECT_TIMEOUT",
-            "SOCKS_PROXY",
-            "SOCKS_USERNAME",
-            "SOCKS_PASSWORD",
-            "PROBE_ROUTER",
-        )
-    },
-    **{
-        n: _SEMANTICS
-        for n in (
-            "ROUTER_MANDATORY",
-            "ROUTER_RAW",
-            "ROUTER_NOTIFY",
-            "CONFLATE",
-            "XPUB_MANUAL",
-            "XPUB_MANUAL_LAST_VALUE",
-            "XPUB_WELCOME_MSG",
-            "XPUB_VERBOSER",
-            "ONLY_FIRST_SUBSCRIBE",
-            "HELLO_MSG",
-            "DISCONNECT_MSG",
-            "HICCUP_MSG",
-            "METADATA",
-            "USE_FD",
-        )
-    },
-}
+_UNUSED = "concerns a transport, socket type or feature trikernel does not use"
+#: Why an option pyzmq knows is refused: ``((reason, (fnmatch pattern, ...)), ...)``
+#: over canonical names, first match wins; any other option not in
+#: :data:`CATALOGUE` "is not supported by trikernel".
+REJECTED: Final[tuple[tuple[str, tuple[str, ...]], ...]] = tuple(
+    (reason, tuple(patterns.split()))
+    for reason, patterns in (
+        ("is never allowed: subscriptions belong to the clients, not to the kernel", "SUBSCRIBE UNSUBSCRIBE"),
+        (_RESERVED, "CURVE_* PLAIN_* ZAP_* GSSAPI_*"),
+        (_ROUTING_ID, "ROUTING_ID"),
+        (_AFFINITY, "AFFINITY"),
+        ("is a deprecated alias; give SNDHWM and RCVHWM", "HWM"),
+        ("is read-only", "TYPE RCVMORE EVENTS FD LAST_ENDPOINT MECHANISM THREAD_SAFE TOPICS_COUNT"),
+        (_CONNECT_ONLY, "RECONNECT_* CONNECT_TIMEOUT CONNECT_ROUTING_ID PROBE_ROUTER SOCKS_*"),
+        (_SEMANTICS, "ROUTER_MANDATORY ROUTER_RAW ROUTER_NOTIFY CONFLATE XPUB_MANUAL XPUB_MANUAL_LAST_VALUE"),
+        (_SEMANTICS, "XPUB_WELCOME_MSG XPUB_VERBOSER ONLY_FIRST_SUBSCRIBE HELLO_MSG DISCONNECT_MSG HICCUP_MSG"),
+        (_SEMANTICS, "METADATA USE_FD"),
+        (_UNUSED, "RATE RECOVERY_IVL MULTICAST_* VMCI_* NORM_* WSS_* IPC_FILTER_* TCP_ACCEPT_FILTER IPV4ONLY"),
+        (_UNUSED, "REQ_* STREAM_* XSUB_* INVERT_MATCHING"),
+    )
+)
 
 
 def _rejection_reason(name: str) -> str:
-    if name in _REJECTED:
-        return _REJECTED[name]
-    if name.startswith(("CURVE_", "PLAIN_", "ZAP_", "GSSAPI_")):
-        return _SECURITY
-    if name.startswith(("MULTICAST_", "VMCI_", "NORM_", "WSS_", "IPC_FILTER_", "REQ_", "STREAM_", "XSUB_")) or name in (
-        "RATE",
-        "RECOVERY_IVL",
-        "TCP_ACCEPT_FILTER",
-        "IPV4ONLY",
-        "INVERT_MATCHING",
-    ):
-        return _NOT_USED
-    return "is not supported by trikernel"
-
-
-def _supported_on(channel: str) -> str:
-    names = sorted(n for n, s in CATALOGUE.items() if s.applies_to(channel))
-    return ", ".join(names)
+    matches = (r for r, patterns in REJECTED if any(fnmatch.fnmatchcase(name, p) for p in patterns))
+    return next(matches, "is not supported by trikernel")
 
 
 # --------------------------------------------------------------------------- parsing
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """One validated option setting from one source."""
-
-    rank: int  # 0 defaults, 1 config file, 2 environment, 3 CLI
-    channel: str  # a channel name or "*"
-    name: str
-    value: OptionValue
-    source: str  # human label for logs/errors
-
-
-_RANK_DEFAULT, _RANK_FILE, _RANK_ENV, _RANK_CLI = 0, 1, 2, 3
+#: One validated setting: ``(channel or "*", canonical NAME, value)``.
+Setting = tuple[str, str, OptionValue]
 _SPEC_RE = re.compile(r"^\s*(?P<channel>[^.=\s]+)\.(?P<name>[^=\s]+)\s*=(?P<value>.*)$")
 
 
@@ -486,127 +282,65 @@ def _fail(channel: str, name: str, raw: object, source: str, problem: str) -> Co
 
 
 def _lookup(channel: str, raw_name: str, raw_value: object, source: str) -> tuple[str, OptionSpec]:
-    """Return (channel, spec) for a raw channel and option name, or raise."""
+    """Return ``(channel, spec)`` for a raw channel and option name, or raise ConfigError."""
     chan = channel.strip().lower()
-    if chan != ALL_CHANNELS and chan not in CHANNEL_SOCKET_TYPES:
-        raise _fail(
-            channel,
-            raw_name,
-            raw_value,
-            source,
-            f"unknown channel {channel!r}; channels are {', '.join(CHANNELS)} or * (all five)",
-        )
-    name = raw_name.strip().upper()
-    name = name.removeprefix("ZMQ_")
-    members = zmq.SocketOption.__members__
-    if name not in members:
+    if chan != ALL_CHANNELS and chan not in _TYPE_OF:
+        problem = f"unknown channel {channel!r}; channels are {', '.join(CHANNELS)} or * (all five)"
+        raise _fail(channel, raw_name, raw_value, source, problem)
+    name = raw_name.strip().upper().removeprefix("ZMQ_")
+    supported = ", ".join(sorted(n for n, s in CATALOGUE.items() if s.applies_to(chan)))
+    member = zmq.SocketOption.__members__.get(name)
+    if member is None:
         import difflib  # only on the error path
 
         close = difflib.get_close_matches(name, list(CATALOGUE), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise _fail(
-            chan,
-            name,
-            raw_value,
-            source,
-            f"unknown ZeroMQ socket option {name}{hint}; supported on {chan}: {_supported_on(chan)}",
-        )
-    canonical = str(members[name].name)  # resolves aliases such as IDENTITY -> ROUTING_ID
-    spec = CATALOGUE.get(canonical)
+        problem = f"unknown ZeroMQ socket option {name}{hint}; supported on {chan}: {supported}"
+        raise _fail(chan, name, raw_value, source, problem)
+    spec = CATALOGUE.get(member.name)  # the canonical name: IDENTITY -> ROUTING_ID
     if spec is None:
-        alias = f" ({canonical})" if canonical != name else ""
-        raise _fail(
-            chan,
-            name,
-            raw_value,
-            source,
-            f"{name}{alias} {_rejection_reason(canonical)}; supported on {chan}: {_supported_on(chan)}",
-        )
+        alias = f" ({member.name})" if member.name != name else ""
+        problem = f"{name}{alias} {_rejection_reason(member.name)}; supported on {chan}: {supported}"
+        raise _fail(chan, name, raw_value, source, problem)
     if not spec.applies_to(chan):
         where = " and ".join(
-            f"{_SOCKET_TYPE_NAMES[t]} channels ({', '.join(c for c in CHANNELS if CHANNEL_SOCKET_TYPES[c] == t)})"
-            for t in sorted(spec.socket_types)
+            f"{t} channels ({', '.join(c for c in CHANNELS if _TYPE_OF[c] == t)})" for t in sorted(spec.socket_types)
         )
+        problem = f"{spec.name} applies only to {where}, not to "
         if chan == ALL_CHANNELS:
-            problem = (
-                f"{spec.name} applies only to {where}, not to all five channels (*); "
-                f"give it per channel, e.g. {spec.channels()[0]}.{spec.name}=..."
-            )
+            problem += f"all five channels (*); give it per channel, e.g. {spec.channels()[0]}.{spec.name}=..."
         else:
-            kind = _SOCKET_TYPE_NAMES[CHANNEL_SOCKET_TYPES[chan]]
-            problem = f"{spec.name} applies only to {where}, not to {chan} (a {kind} socket)"
+            problem += f"{chan} (a {_TYPE_OF[chan]} socket)"
         raise _fail(chan, name, raw_value, source, problem)
     return chan, spec
 
 
-_TRUE = {"1", "true", "on", "yes"}
-_FALSE = {"0", "false", "off", "no"}
-
-
 def _convert(spec: OptionSpec, raw: object) -> OptionValue | None:
-    """Convert a raw CLI/env string or TOML value; None if the type is wrong."""
+    """Convert a CLI/env string or a TOML value to the option's type; None if it is not one."""
     if spec.kind == "bytes":
-        if isinstance(raw, str):
-            return raw.strip().encode("utf-8")
-        return None
-    if spec.kind == "bool":
-        if isinstance(raw, bool):
-            return int(raw)
-        if isinstance(raw, int):
-            return raw
-        if isinstance(raw, str):
-            word = raw.strip().lower()
-            if word in _TRUE:
-                return 1
-            if word in _FALSE:
-                return 0
-            try:
-                return int(word, 10)
-            except ValueError:
-                return None
-        return None
-    if isinstance(raw, bool):  # TOML true/false for an integer option
-        return None
+        return raw.strip().encode("utf-8") if isinstance(raw, str) else None
+    if isinstance(raw, bool):  # TOML true/false: only for a 0/1 switch
+        return int(raw) if spec.unit == BOOLEAN else None
     if isinstance(raw, int):
         return raw
-    if isinstance(raw, str):
-        try:
-            return int(raw.strip(), 10)
-        except ValueError:
-            return None
-    return None
+    if not isinstance(raw, str):
+        return None
+    word = raw.strip().lower()
+    if spec.unit == BOOLEAN and word in _WORDS:
+        return _WORDS[word]
+    try:
+        return int(word, 10)
+    except ValueError:
+        return None
 
 
-def _check_value(spec: OptionSpec, value: OptionValue) -> bool:
-    if isinstance(value, bytes):
-        if spec.minimum is not None and len(value) < spec.minimum:
-            return False
-        if spec.maximum is not None and len(value) > spec.maximum:
-            return False
-        return not any(ch in value for ch in b" \t\r\n\0/")
-    if spec.choices is not None:
-        return value in spec.choices
-    if spec.minimum is not None and value < spec.minimum:
-        return False
-    if spec.maximum is not None and value > spec.maximum:
-        return False
-    if spec.name.startswith("TCP_KEEPALIVE_") and value == 0:
-        return False  # libzmq accepts 0 but the OS then refuses it at accept time
-    return value % spec.step == 0
-
-
-def _entry(rank: int, channel: str, raw_name: str, raw_value: object, source: str) -> _Entry:
+def _setting(channel: str, raw_name: str, raw_value: object, source: str) -> Setting:
     chan, spec = _lookup(channel, raw_name, raw_value, source)
     value = _convert(spec, raw_value)
-    if value is None or not _check_value(spec, value):
-        raise _fail(
-            chan,
-            spec.name,
-            raw_value,
-            source,
-            f"bad value {raw_value!r}; {spec.name} takes {spec.allowed}",
-        )
-    return _Entry(rank, chan, spec.name, value, source)
+    if value is None or not spec.accepts(value):
+        problem = f"bad value {raw_value!r}; {spec.name} takes {spec.allowed}"
+        raise _fail(chan, spec.name, raw_value, source, problem)
+    return chan, spec.name, value
 
 
 def parse_spec(spec: str, *, source: str = "--socket-option") -> tuple[str, str, OptionValue]:
@@ -624,31 +358,17 @@ def parse_spec(spec: str, *, source: str = "--socket-option") -> tuple[str, str,
             f"bad socket option {spec!r} ({source}): expected CHANNEL.NAME=VALUE, "
             f"e.g. iopub.SNDHWM=10000; channels: {', '.join(CHANNELS)} or *"
         )
-    e = _entry(_RANK_CLI, match["channel"], match["name"], match["value"], source)
-    return e.channel, e.name, e.value
+    return _setting(match["channel"], match["name"], match["value"], source)
 
 
 def format_spec(channel: str, name: str, value: OptionValue) -> str:
-    """Inverse of :func:`parse_spec`: ``"iopub.SNDHWM=10000"``."""
+    """Inverse of :func:`parse_spec`: ``("iopub", "SNDHWM", 10000)`` -> ``"iopub.SNDHWM=10000"``."""
     text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
     return f"{channel}.{name}={text}"
 
 
-def _from_specs(specs: Iterable[str], rank: int, source: str) -> list[_Entry]:
-    out = []
-    for spec in specs:
-        chan, name, value = parse_spec(spec, source=source)
-        out.append(_Entry(rank, chan, name, value, source))
-    return out
-
-
-def _from_env(environ: Mapping[str, str]) -> list[_Entry]:
-    text = environ.get(ENV_VAR, "")
-    specs = [s for s in re.split(r"[\s;]+", text) if s]
-    return _from_specs(specs, _RANK_ENV, ENV_VAR)
-
-
-def _from_config(path: str) -> list[_Entry]:
+def _from_config(path: str) -> tuple[str, list[Setting]]:
+    """``(source label, settings)`` of the ``[socket_options]`` table of the TOML file at ``path``."""
     import tomllib  # only when a config file is given
 
     label = f"config file {path}"
@@ -663,26 +383,23 @@ def _from_config(path: str) -> list[_Entry]:
         raise ConfigError(f"{label}: invalid TOML: {e}") from None
     table = data.get(CONFIG_TABLE, {})
     if not isinstance(table, dict):
-        raise ConfigError(
-            f'{label}: [{CONFIG_TABLE}] must be a table of "CHANNEL.NAME" = value, got {type(table).__name__}'
-        )
+        kind = type(table).__name__
+        raise ConfigError(f'{label}: [{CONFIG_TABLE}] must be a table of "CHANNEL.NAME" = value, got {kind}')
     source = f"{label} [{CONFIG_TABLE}]"
-    out: list[_Entry] = []
+    out: list[Setting] = []
     for key, value in table.items():
-        if isinstance(value, dict):
-            # [socket_options.iopub] SNDHWM = 1  or  iopub.SNDHWM = 1 (dotted key)
+        if isinstance(value, dict):  # [socket_options.iopub] SNDHWM = 1, or iopub.SNDHWM = 1 (dotted key)
             for name, inner in value.items():
                 if isinstance(inner, dict):
                     raise _fail(key, name, None, source, 'nested too deep; use "CHANNEL.NAME" = value')
-                out.append(_entry(_RANK_FILE, key, name, inner, source))
-            continue
-        if "." not in key:
-            raise ConfigError(
-                f'{source}: bad key {key!r}; expected "CHANNEL.NAME" = value, e.g. "iopub.SNDHWM" = 10000'
-            )
-        channel, name = key.split(".", 1)
-        out.append(_entry(_RANK_FILE, channel, name, value, source))
-    return out
+                out.append(_setting(key, name, inner, source))
+        elif "." in key:
+            channel, name = key.split(".", 1)
+            out.append(_setting(channel, name, value, source))
+        else:
+            example = '"iopub.SNDHWM" = 10000'
+            raise ConfigError(f'{source}: bad key {key!r}; expected "CHANNEL.NAME" = value, e.g. {example}')
+    return source, out
 
 
 # --------------------------------------------------------------------------- result
@@ -710,17 +427,11 @@ class SocketOptions:
 
         Raises ``KeyError`` for a name that is not one of :data:`CHANNELS`.
         """
-        for chan, pairs in self.effective:
-            if chan == channel:
-                return pairs
-        raise KeyError(channel)
+        return dict(self.effective)[channel]
 
     def source_of(self, channel: str, name: str) -> str:
         """Label of the source that set ``name`` on ``channel``; KeyError if unset."""
-        for chan, pairs in self.sources:
-            if chan == channel:
-                return dict(pairs)[name]
-        raise KeyError(channel)
+        return dict(dict(self.sources)[channel])[name]
 
     def describe(self, channel: str) -> str:
         """The debug line: ``"effective socket options for iopub: LINGER=1000 ..."``."""
@@ -729,12 +440,7 @@ class SocketOptions:
 
     def non_default(self) -> list[tuple[str, str, OptionValue]]:
         """``(channel, NAME, value)`` for every value that differs from :data:`DEFAULTS`."""
-        out = []
-        for chan, pairs in self.effective:
-            for name, value in pairs:
-                if DEFAULTS[chan].get(name) != value:
-                    out.append((chan, name, value))
-        return out
+        return [(c, n, v) for c, pairs in self.effective for n, v in pairs if DEFAULTS[c].get(n) != v]
 
     def as_argv(self) -> list[str]:
         """``["--socket-option", SPEC, ...]`` reproducing every non-default value.
@@ -742,58 +448,39 @@ class SocketOptions:
         Meant for baking into a kernelspec's argv at install time: it holds
         the result of all sources (CLI, environment, config file), so the
         installed kernel needs neither the variable nor the file. A value
-        equal on all five channels (and allowed on all) is written once as
-        ``*.NAME=VALUE``. Round trip: ``resolve(specs_of(as_argv()), {}, None)``
-        equals ``self`` in ``effective``. Order: wildcard specs first, then by
-        channel (CHANNELS order) and name.
+        equal on all five channels is written once as ``*.NAME=VALUE``.
+        Round trip: parsing the specs back with :func:`resolve` gives the same
+        ``effective``. Order: wildcard specs first (by name), then by channel
+        (CHANNELS order) and name.
         """
         nd = self.non_default()
         by_name: dict[str, dict[str, OptionValue]] = {}
         for chan, name, value in nd:
             by_name.setdefault(name, {})[chan] = value
-        argv: list[str] = []
-        wild: set[str] = set()
-        for name in sorted(by_name):
-            vals = by_name[name]
-            if set(vals) == set(CHANNELS) and len(set(vals.values())) == 1:
-                wild.add(name)
-                argv += ["--socket-option", format_spec(ALL_CHANNELS, name, vals["shell"])]
-        for chan, name, value in nd:
-            if name not in wild:
-                argv += ["--socket-option", format_spec(chan, name, value)]
-        return argv
+        wild = {n for n, vals in by_name.items() if set(vals) == set(CHANNELS) and len(set(vals.values())) == 1}
+        specs = [format_spec(ALL_CHANNELS, n, by_name[n][CHANNELS[0]]) for n in sorted(wild)]
+        specs += [format_spec(c, n, v) for c, n, v in nd if n not in wild]
+        return [arg for spec in specs for arg in ("--socket-option", spec)]
 
 
-def _merge(entries: Sequence[_Entry]) -> SocketOptions:
-    # Sort: source rank, then "*" before a specific channel; Python's sort is
-    # stable so the given order decides among equals (last wins).
-    ordered = sorted(entries, key=lambda e: (e.rank, e.channel != ALL_CHANNELS))
+def _merge(layers: Iterable[tuple[str, Sequence[Setting]]]) -> SocketOptions:
+    """Merge ``(source label, settings)`` layers, weakest first."""
     eff: dict[str, dict[str, OptionValue]] = {c: {} for c in CHANNELS}
     src: dict[str, dict[str, str]] = {c: {} for c in CHANNELS}
-    for e in ordered:
-        targets = CHANNELS if e.channel == ALL_CHANNELS else (e.channel,)
-        for chan in targets:
-            eff[chan][e.name] = e.value
-            src[chan][e.name] = e.source
+    for source, settings in layers:
+        # "*" first so that a channel entry of the same source beats it; the
+        # sort is stable, so among equals the last entry wins.
+        for chan, name, value in sorted(settings, key=lambda s: s[0] != ALL_CHANNELS):
+            for c in CHANNELS if chan == ALL_CHANNELS else (chan,):
+                eff[c][name] = value
+                src[c][name] = source
     return SocketOptions(
         effective=tuple((c, tuple(sorted(eff[c].items()))) for c in CHANNELS),
         sources=tuple((c, tuple(sorted(src[c].items()))) for c in CHANNELS),
     )
 
 
-def _defaults() -> list[_Entry]:
-    return [
-        _Entry(_RANK_DEFAULT, chan, name, value, "default")
-        for chan in CHANNELS
-        for name, value in DEFAULTS[chan].items()
-    ]
-
-
-def resolve(
-    cli_specs: Sequence[str] | None,
-    environ: Mapping[str, str],
-    config_path: str | None,
-) -> SocketOptions:
+def resolve(cli_specs: Sequence[str] | None, environ: Mapping[str, str], config_path: str | None) -> SocketOptions:
     """Validate every source and merge them into the effective options.
 
     ``cli_specs``: the ``--socket-option`` values, e.g. ``["iopub.SNDHWM=20000"]``
@@ -804,25 +491,26 @@ def resolve(
     other tables in the file are ignored here.
 
     Precedence: CLI > environment > config file > :data:`DEFAULTS`; within one
-    source a channel entry beats ``*``; then the last entry wins.
+    source a channel entry beats ``*``; then the last entry wins. An HWM of 0
+    (no limit) is logged as a warning on ``trikernel.sockopts``.
 
     Raises :class:`ConfigError` (one line) for a missing/unreadable/invalid
     file or any bad entry; nothing is applied anywhere by this function.
     """
-    entries = _defaults()
+    defaults: list[Setting] = [(c, n, v) for c in CHANNELS for n, v in DEFAULTS[c].items()]
+    layers = [("default", defaults)]
     if config_path is not None:
-        entries += _from_config(config_path)
-    entries += _from_env(environ)
-    entries += _from_specs(cli_specs or (), _RANK_CLI, "--socket-option")
-    options = _merge(entries)
-    for chan in CHANNELS:
-        for name, value in options.for_channel(chan):
+        layers.append(_from_config(config_path))
+    env_specs = [s for s in re.split(r"[\s;]+", environ.get(ENV_VAR, "")) if s]
+    layers.append((ENV_VAR, [parse_spec(s, source=ENV_VAR) for s in env_specs]))
+    layers.append(("--socket-option", [parse_spec(s) for s in cli_specs or ()]))
+    options = _merge(layers)
+    for chan, pairs in options.effective:
+        for name, value in pairs:
             if name in ("SNDHWM", "RCVHWM") and value == 0:
+                source = options.source_of(chan, name)
                 log.warning(
-                    "socket option %s.%s=0 (%s) removes the high-water mark: memory is unbounded",
-                    chan,
-                    name,
-                    options.source_of(chan, name),
+                    "socket option %s.%s=0 (%s) removes the high-water mark: memory is unbounded", chan, name, source
                 )
     return options
 
@@ -836,37 +524,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     Results land in ``args.socket_options`` (list of str, default empty) and
     ``args.config`` (str or None); pass them to :func:`resolve`.
     """
+    spec_help = (
+        "set a ZeroMQ socket option before bind, e.g. iopub.SNDHWM=10000 or *.TCP_KEEPALIVE=1; CHANNEL is "
+        f"{', '.join(CHANNELS)} or *; repeatable; beats ${ENV_VAR} and --config (see docs/socket-options.md)"
+    )
+    config_help = f'TOML config file; its [{CONFIG_TABLE}] table maps "CHANNEL.NAME" to a value'
     parser.add_argument(
         "--socket-option",
         dest="socket_options",
         action="append",
         default=[],
+        help=spec_help,
         metavar="CHANNEL.NAME=VALUE",
-        help=(
-            "set a ZeroMQ socket option before bind, e.g. iopub.SNDHWM=10000 or "
-            f"*.TCP_KEEPALIVE=1; CHANNEL is {', '.join(CHANNELS)} or *; "
-            f"repeatable; beats ${ENV_VAR} and --config (see docs/socket-options.md)"
-        ),
     )
-    parser.add_argument(
-        "--config",
-        dest="config",
-        default=None,
-        metavar="PATH",
-        help=f'TOML config file; its [{CONFIG_TABLE}] table maps "CHANNEL.NAME" to a value',
-    )
+    parser.add_argument("--config", dest="config", default=None, metavar="PATH", help=config_help)
 
 
 # --------------------------------------------------------------------------- sockets
 
 
 def _check_socket(sock: zmq.Socket[Any], channel: str) -> None:
-    if channel not in CHANNEL_SOCKET_TYPES:
+    if channel not in _TYPE_OF:
         raise ValueError(f"unknown channel {channel!r}; expected one of {CHANNELS}")
-    expected = CHANNEL_SOCKET_TYPES[channel]
     actual = int(sock.getsockopt(zmq.TYPE))
-    if actual != expected:
-        raise ValueError(f"{channel} needs a {_SOCKET_TYPE_NAMES[expected]} socket, got socket type {actual}")
+    if actual != CHANNEL_SOCKET_TYPES[channel]:
+        raise ValueError(f"{channel} needs a {_TYPE_OF[channel]} socket, got socket type {actual}")
 
 
 def apply_options(sock: zmq.Socket[Any], channel: str, options: SocketOptions) -> None:
@@ -875,12 +557,14 @@ def apply_options(sock: zmq.Socket[Any], channel: str, options: SocketOptions) -
     ``sock`` must be a fresh socket of the channel's type (ROUTER, or XPUB for
     iopub) that is neither bound nor connected: options set later do not reach
     connections accepted after bind. Logs :meth:`SocketOptions.describe` and
-    the sources at debug level on ``trikernel.sockopts``.
+    the sources at debug level on ``trikernel.sockopts``. Call from the thread
+    that owns ``sock``.
 
     Raises ``ValueError`` for an unknown channel or wrong socket type and
     ``RuntimeError`` for a socket already bound/connected (both local bugs);
-    :class:`ConfigError` if libzmq refuses a value trikernel accepted (the
-    caller must then close the socket and stop start-up).
+    :class:`ConfigError` if libzmq refuses a value trikernel accepted, or an
+    option this libzmq lacks (zmq_setsockopt(3): EINVAL); the caller must
+    then close the socket and stop start-up.
     """
     _check_socket(sock, channel)
     if sock.getsockopt(zmq.LAST_ENDPOINT):
@@ -892,9 +576,9 @@ def apply_options(sock: zmq.Socket[Any], channel: str, options: SocketOptions) -
         try:
             sock.setsockopt(zmq.SocketOption[name], value)
         except zmq.ZMQError as e:
+            spec = format_spec(channel, name, value)
             raise ConfigError(
-                f"socket option {format_spec(channel, name, value)} "
-                f"({options.source_of(channel, name)}): libzmq refused it: {e}"
+                f"socket option {spec} ({options.source_of(channel, name)}): libzmq refused it: {e}"
             ) from e
     log.debug("%s", options.describe(channel))
     if log.isEnabledFor(logging.DEBUG):
@@ -905,14 +589,11 @@ def apply_options(sock: zmq.Socket[Any], channel: str, options: SocketOptions) -
 def read_back(sock: zmq.Socket[Any], channel: str, options: SocketOptions) -> dict[str, OptionValue]:
     """Read the effective options of ``channel`` back from ``sock`` with getsockopt.
 
-    Returns ``{NAME: value}`` for every effective option libzmq can read;
-    write-only options (``readable=False`` in :data:`CATALOGUE`:
-    ROUTER_HANDOVER, XPUB_NODROP, XPUB_VERBOSE) are left out. For tests and
-    diagnostics. Raises ``ValueError`` like :func:`apply_options`.
+    Returns ``{NAME: value}`` (``int``, or ``bytes`` for a bytes option) for
+    every effective option libzmq can read; write-only options
+    (``readable=False`` in :data:`CATALOGUE`: ROUTER_HANDOVER, XPUB_NODROP,
+    XPUB_VERBOSE) are left out. For tests and diagnostics; call from the
+    thread that owns ``sock``. Raises ``ValueError`` like :func:`apply_options`.
     """
     _check_socket(sock, channel)
-    out: dict[str, OptionValue] = {}
-    for name, _ in options.for_channel(channel):
-        if CATALOGUE[name].readable:
-            out[name] = sock.getsockopt(zmq.SocketOption[name])
-    return out
+    return {n: sock.getsockopt(zmq.SocketOption[n]) for n, _ in options.for_channel(channel) if CATALOGUE[n].readable}
