@@ -77,6 +77,36 @@ def _run_parser() -> argparse.ArgumentParser:
         help="seconds user code gets to stop at shutdown (default %(default)s)",
     )
     p.add_argument(
+        "--max-frames",
+        type=int,
+        default=_DEFAULTS.max_frames,
+        help="most frames in one incoming message; more is dropped unparsed (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-json-bytes",
+        type=int,
+        default=_DEFAULTS.max_json_bytes,
+        help="largest incoming header/parent_header/metadata/content frame in bytes (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-json-depth",
+        type=int,
+        default=_DEFAULTS.max_json_depth,
+        help="deepest nesting of arrays/objects in an incoming JSON frame (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-topic-bytes",
+        type=int,
+        default=_DEFAULTS.max_topic_bytes,
+        help="longest IOPub subscription topic that gets an iopub_welcome (default %(default)s)",
+    )
+    p.add_argument(
+        "--bad-input-log-interval",
+        type=float,
+        default=_DEFAULTS.bad_input_log_interval,
+        help="seconds between summary lines of dropped bad input (default %(default)s)",
+    )
+    p.add_argument(
         "--no-capture-fd",
         dest="capture_fds",
         action="store_false",
@@ -174,6 +204,11 @@ def _run(argv: list[str]) -> int:
             handshake_timeout=args.handshake_timeout,
             shutdown_grace=args.shutdown_grace,
             capture_fds=args.capture_fds,
+            max_frames=args.max_frames,
+            max_json_bytes=args.max_json_bytes,
+            max_json_depth=args.max_json_depth,
+            max_topic_bytes=args.max_topic_bytes,
+            bad_input_log_interval=args.bad_input_log_interval,
         )
         options = sockopts.resolve(args.socket_options or [], os.environ, args.config)
         raw = load_json_file(args.connection_file)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import ConfigError
-from .wire import Signer
+from .wire import DEFAULT_LIMITS, Signer, WireLimits
 
 #: The five channels, in the order the spec lists their ports.
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
@@ -184,6 +184,18 @@ class KernelConfig:
     - ``shutdown_grace``: seconds the kernel waits for user code at shutdown.
     - ``parent_poll_interval``: seconds between checks that the launcher lives.
     - ``capture_fds``: capture file descriptors 1 and 2 into the notebook.
+    - ``max_frames``: int, frames; default 4096. Most frames one message may
+      have (identities and buffers included); more is dropped unparsed.
+    - ``max_json_bytes``: int, bytes; default 64 MiB. Largest header,
+      parent_header, metadata or content frame; a bigger one is dropped unparsed.
+    - ``max_json_depth``: int, levels; default 128. Deepest nesting of
+      arrays/objects in a JSON frame; deeper is dropped unparsed.
+    - ``max_topic_bytes``: int, bytes; default 1024. Longest IOPub
+      subscription topic that gets an ``iopub_welcome``; a longer one is
+      counted as bad input (clients subscribe to ``b""`` or a short prefix).
+    - ``bad_input_log_interval``: float, seconds; default 10. After one bad
+      message is logged, further ones are counted and summarised in one
+      line per interval (docs/robustness.md).
     """
 
     iopub_capacity: int = 1000
@@ -194,12 +206,33 @@ class KernelConfig:
     shutdown_grace: float = 3.0
     parent_poll_interval: float = 1.0
     capture_fds: bool = True
+    max_frames: int = DEFAULT_LIMITS.max_frames
+    max_json_bytes: int = DEFAULT_LIMITS.max_json_bytes
+    max_json_depth: int = DEFAULT_LIMITS.max_json_depth
+    max_topic_bytes: int = 1024
+    bad_input_log_interval: float = 10.0
+
+    @property
+    def wire_limits(self) -> WireLimits:
+        """The bounds :func:`trikernel.wire.deserialize` applies to peers' messages."""
+        return WireLimits(self.max_frames, self.max_json_bytes, self.max_json_depth)
 
     def __post_init__(self) -> None:
         if self.iopub_capacity < 1:
             raise ConfigError(f"--iopub-capacity must be >= 1, got {self.iopub_capacity}")
-        for name in ("iopub_send_timeout", "iopub_warn_after", "handshake_timeout", "shutdown_grace"):
+        for name in (
+            "iopub_send_timeout",
+            "iopub_warn_after",
+            "handshake_timeout",
+            "shutdown_grace",
+            "bad_input_log_interval",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
         if self.stream_batch_bytes < 1024:
             raise ConfigError(f"--stream-batch-bytes must be >= 1024, got {self.stream_batch_bytes}")
+        # floors that leave room for every real client (docs/robustness.md)
+        floors = (("max_frames", 16), ("max_json_bytes", 1 << 16), ("max_json_depth", 8), ("max_topic_bytes", 0))
+        for name, least in floors:
+            if getattr(self, name) < least:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(self, name)}")

@@ -15,8 +15,9 @@ run gets control (the *concurrent lane*), so ``on_msg`` handlers run while
 an async cell awaits. kernel_info is answered by the io thread itself, so it
 is answered while IPython is still loading.
 
-A malformed, unsigned or badly signed message is logged (never its key or
-content) and dropped; the kernel keeps serving.
+A malformed, unsigned or badly signed message is counted and dropped, and
+logged at a bounded rate (never its key or content; badinput.py); the
+kernel keeps serving.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import trio
 import trio.lowlevel
 
 from . import outstream
+from .badinput import BadInputLog, short
 from .config import ConnectionInfo, KernelConfig
 from .errors import ProtocolError
 from .executor import Executor, Job
@@ -101,6 +103,8 @@ class Kernel:
         self.bound = bound
         self.session = Session()
         self.signer = Signer(conn.key, conn.signature_scheme)
+        self.limits = config.wire_limits
+        self.bad_input = BadInputLog(config.bad_input_log_interval)
         self.stats = IOPubStats()
         self.iopub_queue = IOPubQueue(config.iopub_capacity, config.stream_batch_bytes, self.stats)
         self.parents = outstream.ParentTracker()
@@ -225,6 +229,8 @@ class Kernel:
             send_timeout=self.config.iopub_send_timeout,
             warn_after=self.config.iopub_warn_after,
             nodrop=self.iopub_nodrop,
+            bad_input=self.bad_input,
+            max_topic_bytes=self.config.max_topic_bytes,
         )
         async with trio.open_nursery() as outer:
             await outer.start(publisher.run)
@@ -237,6 +243,7 @@ class Kernel:
                 await inner.start(self._shell_task)
                 await inner.start(self._stdin_task)
                 inner.start_soon(self._watch_parent)
+                await inner.start(self.bad_input.run)
                 self._io_ready.set()
                 await self._shutdown.wait()
                 await self._stop_user_run()
@@ -279,12 +286,12 @@ class Kernel:
     # ------------------------------------------------------------- helpers
     def _parse(self, channel: str, frames: list[bytes]) -> Message | None:
         try:
-            msg = deserialize(frames, self.signer)
+            msg = deserialize(frames, self.signer, self.limits)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s: received %s %s", channel, msg.msg_type, msg.msg_id)
             return msg
-        except ProtocolError as exc:
-            log.warning("%s: dropped a bad message: %s", channel, exc)
+        except ProtocolError as exc:  # deserialize raises nothing else
+            self.bad_input.record(channel, exc.kind, str(exc))
             return None
 
     async def _send(self, channel: str, msg: Message) -> None:
@@ -358,7 +365,7 @@ class Kernel:
             self.interrupt()
             await self._bracket(channel, msg, lambda: {"status": "ok"})
         else:
-            log.warning("%s: dropped unknown message type %r", channel, t)
+            self.bad_input.record(channel, "unknown_msg_type", f"unknown message type {short(t)}")
 
     async def _bracket(self, channel: str, msg: Message, content: Callable[[], dict[str, Any]]) -> None:
         await self._status("busy", msg)
@@ -388,7 +395,7 @@ class Kernel:
                 elif t in ("kernel_info_request", "shutdown_request", "interrupt_request"):
                     await self._handle_control(msg, "shell")
                 else:
-                    log.warning("shell: dropped unknown message type %r", t)
+                    self.bad_input.record("shell", "unknown_msg_type", f"unknown message type {short(t)}")
 
     async def _concurrent(self, msg: Message, limiter: trio.CapacityLimiter, borrower: object) -> None:
         try:
@@ -406,6 +413,8 @@ class Kernel:
                     )
                 except JobInterrupted:
                     log.warning("a %s handler was interrupted", msg.msg_type)
+                except ProtocolError as exc:  # content of the wrong shape (comms.check_content)
+                    self.bad_input.record("shell", exc.kind, str(exc))
                 except Exception:
                     log.exception("comm handler failed for %s", msg.msg_type)
             await self._status("idle", msg)
@@ -472,7 +481,10 @@ class Kernel:
                     self._with_parent(msg, lambda: getattr(_shell(), name)(self._loaded_shell(), msg.content))
                 )
         except Exception as exc:
-            log.exception("%s failed", t)
+            # odd content (history n="x", ...) or a bug: answered with an
+            # error reply; counted and rate-limited, traceback at debug level
+            log.debug("%s failed", t, exc_info=True)
+            self.bad_input.record("shell", "request_failed", f"{t} failed: {type(exc).__name__}: {short(str(exc))}")
             content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
             if t == "execute_request":
                 content["execution_count"] = self.shell.execution_count if self.shell else 0
@@ -488,9 +500,9 @@ class Kernel:
             self.parents.latest = msg.header
             try:
                 if not msg.content.get("silent", False):
-                    shell.publisher.send(
-                        "execute_input", {"code": msg.content.get("code", ""), "execution_count": shell.execution_count}
-                    )
+                    code = msg.content.get("code", "")
+                    code = code if isinstance(code, str) else str(code)  # what shell.execute runs
+                    shell.publisher.send("execute_input", {"code": code, "execution_count": shell.execution_count})
                 return await _shell().execute(shell, msg.content, lambda p, pw: self._request_input(msg, p, pw))
             finally:
                 outstream.current_parent.reset(token)
@@ -536,11 +548,11 @@ class Kernel:
             if msg is None:
                 continue
             if msg.msg_type != "input_reply":
-                log.warning("stdin: dropped unexpected message type %r", msg.msg_type)
+                self.bad_input.record("stdin", "unknown_msg_type", f"unexpected message type {short(msg.msg_type)}")
                 continue
             slot = self._pending_input
             if slot is None or msg.parent_header.get("msg_id") not in (slot.msg_id, None):
-                log.warning("stdin: dropped an input_reply that answers no pending request")
+                self.bad_input.record("stdin", "stray_input_reply", "an input_reply that answers no pending request")
                 continue
             self._pending_input = None
             value = msg.content.get("value", "")
