@@ -306,15 +306,17 @@ class Fuzzer:
         return self.signed([_dumps(h), b"{}", _dumps({s: s}) if rnd.random() < 0.3 else b"{}", _dumps(content)])
 
     def k_huge(self, rnd: random.Random, channel: str) -> list[bytes]:
+        """Over the limits (dropped unparsed: a JSON frame of 64 MiB + 1, 5000 or
+        50,000 frames) or big but within them (1 MiB of JSON or buffers)."""
         t = self._type_for(rnd, channel)
-        size = rnd.choice([1 << 20, 4 << 20, (64 << 20) + 1])
         roll = rnd.random()
         if roll < 0.4:  # a big JSON string in content
+            size = rnd.choice([1 << 20, (64 << 20) + 1])
             bad = b'{"blob": "' + b"a" * size + b'"}'
             return self._part_attack(rnd, channel, bad, which=3)
         if roll < 0.7:  # big buffers
             parts = [_dumps(self.header(t)), b"{}", b"{}", _dumps(self.valid_content(rnd, t))]
-            return self.signed(parts, (b"\0" * min(size, 16 << 20),) * rnd.randint(1, 2))
+            return self.signed(parts, (b"\0" * (1 << 20),) * rnd.randint(1, 2))
         return [*self.message(t, {})[:6], *([b"b"] * rnd.choice([5000, 50_000]))]  # many frames
 
     def k_date_poison(self, rnd: random.Random, channel: str) -> list[bytes]:
@@ -339,7 +341,7 @@ class Fuzzer:
         return frames
 
     def k_hb_bytes(self, rnd: random.Random, channel: str) -> list[bytes]:
-        return [rnd.randbytes(rnd.choice([0, 1, 8, 1000, 1 << 20])) for _ in range(rnd.randint(1, 3))]
+        return [rnd.randbytes(rnd.choice([0, 1, 8, 1000, 1 << 16])) for _ in range(rnd.randint(1, 3))]
 
 
 Generator = Callable[[Fuzzer, random.Random, str], list[bytes]]

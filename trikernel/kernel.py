@@ -346,6 +346,7 @@ class Kernel:
         while True:
             frames = await sock.recv_multipart()
             msg = self._parse("control", frames)
+            del frames  # a dropped 64 MiB message must not live on until the next one
             if msg is None:
                 continue
             await self._handle_control(msg)
@@ -383,6 +384,7 @@ class Kernel:
             while True:
                 frames = await sock.recv_multipart()
                 msg = self._parse("shell", frames)
+                del frames
                 if msg is None:
                     continue
                 t = msg.msg_type
@@ -545,16 +547,21 @@ class Kernel:
         while True:
             frames = await sock.recv_multipart()
             msg = self._parse("stdin", frames)
-            if msg is None:
-                continue
-            if msg.msg_type != "input_reply":
-                self.bad_input.record("stdin", "unknown_msg_type", f"unexpected message type {short(msg.msg_type)}")
-                continue
-            slot = self._pending_input
-            if slot is None or msg.parent_header.get("msg_id") not in (slot.msg_id, None):
-                self.bad_input.record("stdin", "stray_input_reply", "an input_reply that answers no pending request")
-                continue
-            self._pending_input = None
-            value = msg.content.get("value", "")
-            slot.value = value if isinstance(value, str) else str(value)
-            slot.event.set()
+            del frames
+            if msg is not None:
+                self._on_stdin(msg)
+            del msg
+
+    def _on_stdin(self, msg: Message) -> None:
+        """An input_reply answers the pending input(); anything else is bad input."""
+        if msg.msg_type != "input_reply":
+            self.bad_input.record("stdin", "unknown_msg_type", f"unexpected message type {short(msg.msg_type)}")
+            return
+        slot = self._pending_input
+        if slot is None or msg.parent_header.get("msg_id") not in (slot.msg_id, None):
+            self.bad_input.record("stdin", "stray_input_reply", "an input_reply that answers no pending request")
+            return
+        self._pending_input = None
+        value = msg.content.get("value", "")
+        slot.value = value if isinstance(value, str) else str(value)
+        slot.event.set()
