@@ -23,6 +23,7 @@ import zmq
 from jupyter_client.session import Session
 
 from trikernel import sockopts
+from trikernel.badinput import BadInputLog
 from trikernel.config import ConnectionInfo, KernelConfig
 from trikernel.dispatch import ROUTES, DispatchDeps, Dispatcher
 from trikernel.errors import KernelShuttingDown
@@ -196,8 +197,9 @@ def rig() -> Iterator[Rig]:
     config = KernelConfig(shutdown_grace=1.0)
     queue = IOPubQueue(1000, 1 << 16, IOPubStats(), signer)
     user_run = FakeUserRun()
-    parse = InboundParser(signer)
-    stdin = StdinBridge(builder, signer, parse)
+    bad_input = BadInputLog()
+    parse = InboundParser(signer, bad_input)
+    stdin = StdinBridge(builder, signer, parse, bad_input)
     shut = threading.Event()
     dispatcher = Dispatcher(
         DispatchDeps(
@@ -208,6 +210,7 @@ def rig() -> Iterator[Rig]:
             parse=parse,
             kernel_info=kernel_info_content,
             request_shutdown=shut.set,
+            bad_input=bad_input,
             sockets={c: TrioSocket(bound.sockets[c], c) for c in ("shell", "control")},
         )
     )

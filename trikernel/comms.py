@@ -16,6 +16,7 @@ from typing import Any
 import comm
 from comm.base_comm import BaseComm, BuffersType, CommManager, MaybeDict
 
+from .errors import ProtocolError
 from .outstream import Publisher
 from .wire import Message
 
@@ -95,8 +96,33 @@ def as_dict(msg: Message) -> dict[str, Any]:
     }
 
 
+def check_content(msg: Message) -> None:
+    """Refuse frontend comm content that ``comm``'s manager cannot take.
+
+    Spec "Custom Messages": ``comm_id`` a string (comm builds an ASCII
+    topic from it), ``target_name`` a string (comm_open), ``data`` and
+    ``metadata`` objects when present. Anything else would raise inside
+    ``comm`` (unhashable keys, bad topics) or reach other clients as an
+    invalid IOPub ``comm_close``. Raises ProtocolError (kind "bad_content").
+    """
+    c = msg.content
+    comm_id = c.get("comm_id")
+    if not isinstance(comm_id, str) or not comm_id or not comm_id.isascii():
+        raise ProtocolError(f"{msg.msg_type}: comm_id must be a non-empty ASCII string", "bad_content")
+    if msg.msg_type == "comm_open" and not isinstance(c.get("target_name"), str):
+        raise ProtocolError("comm_open: target_name must be a string", "bad_content")
+    for name in ("data", "metadata"):
+        if not isinstance(c.get(name, {}), dict):
+            raise ProtocolError(f"{msg.msg_type}: {name} must be an object", "bad_content")
+
+
 def dispatch(manager: CommManager, msg: Message) -> None:
-    """Run the manager's handler for a frontend comm_open/comm_msg/comm_close."""
+    """Run the manager's handler for a frontend comm_open/comm_msg/comm_close.
+
+    Raises ProtocolError (kind "bad_content") for content of the wrong
+    shape (:func:`check_content`); nothing reaches a handler then.
+    """
+    check_content(msg)
     handler = getattr(manager, msg.msg_type)
     handler(None, None, as_dict(msg))
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from .channels import CHANNELS, PORT_FIELDS
 from .errors import ConfigError
-from .wire import Signer
+from .wire import DEFAULT_LIMITS, Signer, WireLimits
 
 __all__ = [
     "CHANNELS",
@@ -265,12 +265,45 @@ class KernelConfig:
         1.0, "time between checks that the launching process (JPY_PARENT_PID) lives", unit="s", minimum=0,
         exclusive=True,
     )
+    max_frames: int = knob(
+        DEFAULT_LIMITS.max_frames,
+        "most frames in one incoming message (identities and buffers included); more is dropped unparsed",
+        unit="frames",
+        minimum=16,
+    )
+    max_json_bytes: int = knob(
+        DEFAULT_LIMITS.max_json_bytes,
+        "largest incoming header, parent_header, metadata or content frame; bigger is dropped unparsed",
+        unit="bytes",
+        minimum=1 << 16,
+    )
+    max_json_depth: int = knob(
+        DEFAULT_LIMITS.max_json_depth,
+        "deepest nesting of arrays/objects in an incoming JSON frame; deeper is dropped unparsed",
+        unit="levels",
+        minimum=8,
+    )
+    max_topic_bytes: int = knob(
+        1024, "longest IOPub subscription topic that gets an iopub_welcome", unit="bytes", minimum=0
+    )
+    bad_input_log_interval: float = knob(
+        10.0,
+        "after one bad message is logged, further ones are counted and summarised once per interval",
+        unit="s",
+        minimum=0,
+        exclusive=True,
+    )
     capture_fds: bool = knob(
         True,
         "leave file descriptors 1 and 2 alone: output of subprocesses and C code then goes to the kernel's "
         "terminal instead of the notebook",
         flag="--no-capture-fd",
     )
+
+    @property
+    def wire_limits(self) -> WireLimits:
+        """The bounds :func:`trikernel.wire.deserialize` applies to peers' messages."""
+        return WireLimits(self.max_frames, self.max_json_bytes, self.max_json_depth)
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
-from .errors import JobInterrupted, KernelShuttingDown
+from .badinput import BadInputLog, short
+from .errors import JobInterrupted, KernelShuttingDown, ProtocolError
 from .iopub import IOPubQueue
 from .messages import MessageBuilder
 from .sockets import TrioSocket
@@ -161,7 +162,8 @@ class DispatchDeps:
     - ``user_run``: where sequential and concurrent jobs run;
     - ``parse``: frames → Message or None (inbound.py);
     - ``kernel_info``: ``kernel_info_reply`` content;
-    - ``request_shutdown``: begins an orderly shutdown (thread-safe).
+    - ``request_shutdown``: begins an orderly shutdown (thread-safe);
+    - ``bad_input``: counts and logs (rate-limited) what peers got wrong.
     """
 
     builder: MessageBuilder
@@ -171,6 +173,7 @@ class DispatchDeps:
     parse: Callable[[str, list[bytes]], Message | None]
     kernel_info: Callable[[], dict[str, Any]]
     request_shutdown: Callable[[], None]
+    bad_input: BadInputLog
     sockets: dict[str, TrioSocket] = field(default_factory=dict)
 
 
@@ -207,11 +210,15 @@ class Dispatcher:
                 nursery.start_soon(self._sequential_lane, recv)
             task_status.started()
             while True:
-                msg = self._d.parse(channel, await sock.recv_multipart())
-                if msg is not None:
-                    await self._route(channel, msg, nursery)
+                # no local keeps a message alive between two receives: a
+                # dropped 64 MiB frame is freed at once, not at the next message
+                await self._route(channel, await sock.recv_multipart(), nursery)
 
-    async def _route(self, channel: str, msg: Message, nursery: trio.Nursery) -> None:
+    async def _route(self, channel: str, frames: list[bytes], nursery: trio.Nursery) -> None:
+        msg = self._d.parse(channel, frames)
+        del frames
+        if msg is None:
+            return
         route = self.route_of(channel, msg.msg_type)
         if route.lane is Lane.SEQUENTIAL:
             assert self._seq_send is not None
@@ -253,8 +260,16 @@ class Dispatcher:
             except (JobInterrupted, KernelShuttingDown) as exc:
                 log.info("%s %s: %s", channel, msg.msg_type, exc)
                 reply = self._error_reply(msg, exc)
-            except Exception as exc:  # a handler bug must not end the channel task
-                log.exception("%s: %s failed", channel, msg.msg_type)
+            except ProtocolError as exc:  # content of the wrong shape (comms.check_content)
+                self._d.bad_input.record(channel, exc.kind, str(exc))
+                reply = self._error_reply(msg, exc)
+            except Exception as exc:  # odd content (history n="x") or a bug: never ends the channel task
+                # counted and logged at a bounded rate (a peer could repeat it
+                # forever); the traceback at debug level
+                log.debug("%s: %s failed", channel, msg.msg_type, exc_info=True)
+                self._d.bad_input.record(
+                    channel, "request_failed", f"{msg.msg_type} failed: {type(exc).__name__}: {short(str(exc))}"
+                )
                 reply = self._error_reply(msg, exc)
             if reply is not None:
                 await self.send(channel, self._d.builder.reply(msg, reply.content, metadata=reply.metadata))
@@ -343,6 +358,7 @@ class Dispatcher:
             if frames is None:
                 return
             msg = self._d.parse("shell", frames)
+            del frames
             if msg is None:
                 continue
             route = self.route_of("shell", msg.msg_type)
@@ -408,7 +424,7 @@ class Dispatcher:
     async def unknown(self, msg: Message) -> Reply | None:
         """Anything not in ROUTES: busy/idle (by the bracket) and, for a
         ``*_request``, an error reply naming the type."""
-        log.warning("dropped unknown message type %r", msg.msg_type)
+        self._d.bad_input.record("shell/control", "unknown_msg_type", f"unknown message type {short(msg.msg_type)}")
         if not msg.msg_type.endswith("_request"):
             return None
         return Reply(

@@ -21,8 +21,14 @@ class ProtocolError(TrikernelError):
     """A peer sent a message that violates the Jupyter messaging protocol.
 
     Remote fault: the message is logged (without secrets) and dropped; the
-    kernel keeps serving.
+    kernel keeps serving. ``kind`` is a short stable identifier of what was
+    wrong (``"bad_signature"``, ``"too_deep"``, ...; see
+    :mod:`trikernel.badinput`), used to count drops per kind.
     """
+
+    def __init__(self, message: str, kind: str = "malformed") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class ConfigError(TrikernelError):

@@ -329,6 +329,11 @@ def parse_registration_frames(frames: Sequence[bytes], signer: Signer) -> tuple[
 # ---------------------------------------------------------------------------
 
 
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _SNIPPET else text[:_SNIPPET] + "..."
+
+
 def _snippet(frames: Sequence[bytes]) -> str:
     text = b" | ".join(bytes(f) for f in frames).decode("utf-8", "replace")
     return text if len(text) <= _SNIPPET else text[:_SNIPPET] + "..."
@@ -372,7 +377,10 @@ def parse_ack(frames: Sequence[bytes], signer: Signer, dialect: Dialect) -> dict
     status = content.get("status")
     if status == "error" or (dialect is Dialect.P and status != "ok"):
         detail = content.get("error") or content.get("evalue") or "no detail"
-        raise HandshakeError(f"launcher refused the registration (status={status!r}): {detail}")
+        text = detail if isinstance(detail, str) else repr(detail)
+        text = text.replace("\n", " ")  # one line, bounded, whatever the launcher sent
+        text = text if len(text) <= _SNIPPET else text[:_SNIPPET] + "..."
+        raise HandshakeError(f"launcher refused the registration (status={_short(status)}): {text}")
     return content
 
 

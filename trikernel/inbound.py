@@ -1,17 +1,19 @@
 """Frames read from the request channels (shell, control, stdin) → Messages.
 
 Runs on: the io run (called by the channel tasks). Bad input is the peer's
-fault (errors.ProtocolError): it is logged — never with the key or the
-content — and dropped, and the kernel keeps serving (messaging spec "The
-Wire Protocol"; docs/design.md, "Requests").
+fault (errors.ProtocolError): it is counted and dropped, and logged at a
+bounded rate, never with the key or the content (badinput.py; messaging spec
+"The Wire Protocol"; docs/design.md, "Requests"). What is parsed is bounded
+before parsing (wire.WireLimits).
 """
 
 from __future__ import annotations
 
 import logging
 
+from .badinput import BadInputLog
 from .errors import ProtocolError
-from .wire import Message, Signer, deserialize
+from .wire import DEFAULT_LIMITS, Message, Signer, WireLimits, deserialize
 
 log = logging.getLogger("trikernel.inbound")
 
@@ -20,20 +22,20 @@ class InboundParser:
     """Parses and verifies messages for one connection (its ``signer``).
 
     Call it as ``parse(channel, frames)``: returns the Message, or None
-    when the frames were dropped. Not thread-safe (the replay guard is
-    shared): io run only.
+    when the frames were dropped (recorded in ``bad_input``). Not
+    thread-safe (the replay guard is shared): io run only.
     """
 
-    def __init__(self, signer: Signer):
+    def __init__(self, signer: Signer, bad_input: BadInputLog, limits: WireLimits = DEFAULT_LIMITS):
         self._signer = signer
-        self.dropped = 0  #: messages dropped as malformed, unsigned, badly signed or replayed
+        self.bad_input = bad_input
+        self._limits = limits
 
     def __call__(self, channel: str, frames: list[bytes]) -> Message | None:
         try:
-            msg = deserialize(frames, self._signer)
-        except ProtocolError as exc:
-            self.dropped += 1
-            log.warning("%s: dropped a bad message: %s", channel, exc)
+            msg = deserialize(frames, self._signer, self._limits)
+        except ProtocolError as exc:  # deserialize raises nothing else
+            self.bad_input.record(channel, exc.kind, str(exc))
             return None
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: received %s %s", channel, msg.msg_type, msg.msg_id)

@@ -43,6 +43,7 @@ from typing import Any
 import trio
 import zmq
 
+from .badinput import BadInputLog
 from .messages import MessageBuilder
 from .wire import Message, Signer, serialize
 
@@ -387,6 +388,8 @@ class IOPubTask:
         send_timeout: float,
         warn_after: float,
         nodrop: bool = True,
+        bad_input: BadInputLog | None = None,
+        max_topic_bytes: int = 1024,
     ):
         self.sock = sock
         self.queue = queue
@@ -404,6 +407,9 @@ class IOPubTask:
         self._last_stream = 0.0
         self._welcomes: deque[list[bytes]] = deque(maxlen=WELCOME_BACKLOG)
         self._sub_waiter: trio.CancelScope | None = None
+        #: subscription frames that are none, or too long (counted, rate-limited log)
+        self.bad_input = bad_input if bad_input is not None else BadInputLog()
+        self.max_topic_bytes = max_topic_bytes
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.queue.attach()
@@ -567,11 +573,25 @@ class IOPubTask:
                 return
             sub = frames[0] if frames else b""
             if sub[:1] != b"\x01":
-                continue  # unsubscribe
+                if sub[:1] != b"\x00" or len(frames) != 1:  # b"\x00...": an unsubscription
+                    self.bad_input.record("iopub", "not_a_subscription", f"{len(frames)} frame(s), not a subscription")
+                continue
+            if len(frames) != 1 or len(sub) - 1 > self.max_topic_bytes:
+                self.bad_input.record(
+                    "iopub",
+                    "bad_subscription",
+                    f"subscription of {len(frames)} frame(s), topic of {len(sub) - 1} bytes "
+                    f"(limit {self.max_topic_bytes}): no welcome",
+                )
+                continue
             topic = sub[1:]
             msg = self.builder.msg(
                 "iopub_welcome", {"subscription": topic.decode("utf-8", "replace")}, None, identities=(topic,)
             )
             if len(self._welcomes) == self._welcomes.maxlen:
-                log.warning("iopub: more than %d subscriptions pending; the oldest welcome is dropped", WELCOME_BACKLOG)
+                self.bad_input.record(
+                    "iopub",
+                    "welcome_backlog",
+                    f"more than {WELCOME_BACKLOG} subscriptions pending; oldest welcome dropped",
+                )
             self._welcomes.append(serialize(msg, self.signer))

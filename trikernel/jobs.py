@@ -69,9 +69,9 @@ class ShellJobs:
         self.parents.latest = msg.header
         try:
             if not msg.content.get("silent", False):
-                self.shell.publisher.send(
-                    "execute_input", {"code": msg.content.get("code", ""), "execution_count": self.execution_count}
-                )
+                code = msg.content.get("code", "")
+                code = code if isinstance(code, str) else str(code)  # what shell.execute runs
+                self.shell.publisher.send("execute_input", {"code": code, "execution_count": self.execution_count})
             return await shell_mod.execute(
                 self.shell, msg.content, lambda prompt, password: self.stdin.request_input(msg, prompt, password)
             )

@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from .badinput import BadInputLog
 from .config import ConnectionInfo, KernelConfig
 from .dispatch import DispatchDeps, Dispatcher
 from .heartbeat import Heartbeat
@@ -68,8 +69,9 @@ class Kernel:
         self.queue = IOPubQueue(config.iopub_capacity, config.stream_batch_chars, self.stats, signer)
         self.parents = ParentTracker()
         self.user_run = UserRun()
-        parse = InboundParser(signer)
-        self.stdin = StdinBridge(builder, signer, parse)
+        self.bad_input = BadInputLog(config.bad_input_log_interval)
+        parse = InboundParser(signer, self.bad_input, config.wire_limits)
+        self.stdin = StdinBridge(builder, signer, parse, self.bad_input)
         self.iopub = IOPubTask(
             bound.sockets["iopub"],
             self.queue,
@@ -77,6 +79,8 @@ class Kernel:
             send_timeout=config.iopub_send_timeout,
             warn_after=config.iopub_warn_after,
             nodrop=iopub_nodrop,
+            bad_input=self.bad_input,
+            max_topic_bytes=config.max_topic_bytes,
         )
         self.dispatcher = Dispatcher(
             DispatchDeps(
@@ -87,6 +91,7 @@ class Kernel:
                 parse=parse,
                 kernel_info=kernel_info_content,
                 request_shutdown=self.request_shutdown,
+                bad_input=self.bad_input,
                 sockets={name: TrioSocket(bound.sockets[name], name) for name in ("shell", "control")},
             )
         )
@@ -100,7 +105,7 @@ class Kernel:
                 TrioSocket(bound.sockets["stdin"], "stdin"),
                 self.user_run,
                 config,
-                services,
+                (self.bad_input.run, *services),
             )
         )
         self._user_side = UserSideDeps(
@@ -114,6 +119,9 @@ class Kernel:
         stats["iopub_capacity"] = self.queue.capacity
         stats["iopub_queued"] = len(self.queue)
         stats["degraded"] = self.iopub.degraded
+        bad = self.bad_input.statistics()
+        stats["malformed_dropped"] = bad.dropped
+        stats["malformed_by_kind"] = bad.by_kind
         return stats
 
     def request_shutdown(self) -> None:

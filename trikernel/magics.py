@@ -2,7 +2,9 @@
 
 Runs on: the main thread, in a cell. ``%trikernel`` prints the IOPub
 statistics (iopub.IOPubStats and the queue's state: messages sent, waits on
-full subscribers, fallback drops, coalescing, messages dropped at shutdown);
+full subscribers, fallback drops, coalescing, messages dropped at shutdown)
+and ``malformed_dropped``: bad input from peers dropped or refused since
+start-up (badinput.py), with ``malformed_by_kind`` per channel and kind;
 ``%trikernel --return`` also returns them as a dict.
 """
 

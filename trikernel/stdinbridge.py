@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import trio
 
+from .badinput import BadInputLog, short
 from .messages import MessageBuilder
 from .sockets import TrioSocket
 from .wire import Message, Signer, serialize
@@ -47,11 +48,19 @@ class StdinBridge:
     """Carries input requests from user threads to the stdin channel and back.
 
     ``parse``: turns frames read from the stdin socket into a Message, or
-    None for bad input (logged and dropped by it).
+    None for bad input (recorded by it); ``bad_input``: where stray or
+    unexpected stdin messages are recorded.
     """
 
-    def __init__(self, builder: MessageBuilder, signer: Signer, parse: Callable[[str, list[bytes]], Message | None]):
+    def __init__(
+        self,
+        builder: MessageBuilder,
+        signer: Signer,
+        parse: Callable[[str, list[bytes]], Message | None],
+        bad_input: BadInputLog,
+    ):
         self._builder = builder
+        self._bad_input = bad_input
         self._signer = signer
         self._parse = parse
         self._sock: TrioSocket | None = None
@@ -102,19 +111,24 @@ class StdinBridge:
         self._io_token = trio.lowlevel.current_trio_token()
         task_status.started()
         while True:
-            msg = self._parse("stdin", await sock.recv_multipart())
-            if msg is None:
-                continue
-            if msg.msg_type != "input_reply":
-                log.warning("stdin: dropped unexpected message type %r", msg.msg_type)
-                continue
-            slot = self._match(msg)
-            if slot is None:
-                log.warning("stdin: dropped an input_reply that answers no pending request")
-                continue
-            value = msg.content.get("value", "")
-            slot.value = value if isinstance(value, str) else str(value)
-            slot.event.set()
+            self._on_frames(await sock.recv_multipart())
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        """An input_reply answers its pending input(); anything else is bad input."""
+        msg = self._parse("stdin", frames)
+        del frames
+        if msg is None:
+            return
+        if msg.msg_type != "input_reply":
+            self._bad_input.record("stdin", "unknown_msg_type", f"unexpected message type {short(msg.msg_type)}")
+            return
+        slot = self._match(msg)
+        if slot is None:
+            self._bad_input.record("stdin", "stray_input_reply", "an input_reply that answers no pending request")
+            return
+        value = msg.content.get("value", "")
+        slot.value = value if isinstance(value, str) else str(value)
+        slot.event.set()
 
     def _match(self, reply: Message) -> _Slot | None:
         """The pending slot ``reply`` answers: by ``parent_header.msg_id``; a

@@ -1,0 +1,166 @@
+"""Long fuzz run: the fuzzer of tests/fuzzer.py against trikernel, ipykernel
+and xeus-python, side by side (issue 17; figures in docs/robustness.md).
+
+Per kernel: N messages (default 100,000) across all five sockets in bursts
+of B (default 500), kinds drawn by a seeded random.Random. After every
+burst: is the process alive, does kernel_info on control answer within 5 s
+(else: hung)? A dead or hung kernel is recorded with the kinds of the burst
+that got it and restarted, and the run goes on. Reported: messages sent per
+kind, bursts survived, deaths and hangs, RSS at start / max / end, kernel
+log lines per 1,000 bad messages. Nothing is asserted.
+
+Usage: python bench/fuzz.py [--messages 100000] [--burst 500] [--seed 17]
+       [--kernels trikernel python3 xpython] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psutil
+from jupyter_client.manager import KernelManager
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from fuzzer import Fuzzer, Peers, generate, load_connection, pick  # noqa: E402
+
+
+class Target:
+    def __init__(self, name: str, logdir: str):
+        self.name = name
+        self.logdir = logdir
+        self.starts = 0
+        self.log_lines = 0
+        self.start()
+
+    def start(self) -> None:
+        self.starts += 1
+        self.log_path = os.path.join(self.logdir, f"{self.name}-{self.starts}.log")
+        self.log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - the kernel writes it
+        self.km = KernelManager(kernel_name=self.name)
+        self.km.start_kernel(stderr=self.log, stdout=self.log)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+        self.conn = load_connection(self.km.connection_file)
+        self.peers = Peers(self.conn)
+        self.fuzzer = Fuzzer(self.conn)
+        self.proc = psutil.Process(self.km.provisioner.pid)  # type: ignore[union-attr]
+
+    def rss(self) -> int:
+        try:
+            return int(self.proc.memory_info().rss)
+        except psutil.Error:
+            return 0
+
+    def answers(self, timeout: float) -> bool:
+        msg = self.kc.session.msg("kernel_info_request")
+        self.kc.control_channel.send(msg)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                r = self.kc.get_control_msg(timeout=max(0.05, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - queue.Empty or a reader error: no answer
+                return False
+            if r["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return True
+        return False
+
+    def stop(self) -> None:
+        self.peers.close()
+        self.kc.stop_channels()
+        if self.km.is_alive():
+            self.km.shutdown_kernel(now=True)
+        self.log.close()
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            self.log_lines += sum(1 for _ in f)
+
+
+def run_kernel(name: str, n: int, burst: int, seed: int, logdir: str) -> dict[str, Any]:
+    t = Target(name, logdir)
+    rnd = random.Random(seed)
+    kinds: Counter[str] = Counter()
+    deaths: list[dict[str, Any]] = []
+    rss0 = t.rss()
+    rss_max = rss0
+    sent = bursts = survived = 0
+    t0 = time.monotonic()
+    while sent < n:
+        burst_kinds: Counter[str] = Counter()
+        for _ in range(min(burst, n - sent)):
+            kind, channel = pick(rnd, heavy_weight=0.01)
+            t.peers.send(channel, generate(t.fuzzer, rnd, kind, channel))
+            kinds[kind] += 1
+            burst_kinds[kind] += 1
+            sent += 1
+        bursts += 1
+        t.peers.drain(20)
+        alive = t.km.is_alive()
+        ok = alive and t.answers(5.0)
+        rss_max = max(rss_max, t.rss())
+        if ok:
+            survived += 1
+            continue
+        deaths.append({"after_messages": sent, "how": "died" if not alive else "hung", "burst": dict(burst_kinds)})
+        print(f"  {name}: {'died' if not alive else 'hung'} after {sent} messages", file=sys.stderr)
+        t.stop()
+        t.start()
+    elapsed = time.monotonic() - t0
+    rss_end = t.rss()
+    t.stop()
+    bad = sent - kinds["valid"]
+    return {
+        "kernel": name,
+        "messages": sent,
+        "seconds": round(elapsed, 1),
+        "kinds": dict(sorted(kinds.items())),
+        "bursts": bursts,
+        "bursts_survived": survived,
+        "deaths": deaths,
+        "rss_start_mib": round(rss0 / 2**20, 1),
+        "rss_max_mib": round(rss_max / 2**20, 1),
+        "rss_end_mib": round(rss_end / 2**20, 1),
+        "log_lines": t.log_lines,
+        "log_lines_per_1000_bad": round(1000 * t.log_lines / max(1, bad), 2),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=100_000)
+    ap.add_argument("--burst", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--kernels", nargs="+", default=["trikernel", "python3", "xpython"])
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    os.environ.setdefault("IPYTHONDIR", tempfile.mkdtemp(prefix="fuzz-ipython-"))
+    logdir = tempfile.mkdtemp(prefix="fuzz-logs-")
+    results = []
+    for name in args.kernels:
+        print(f"fuzzing {name}: {args.messages} messages, bursts of {args.burst}, seed {args.seed}", file=sys.stderr)
+        r = run_kernel(name, args.messages, args.burst, args.seed, logdir)
+        results.append(r)
+        print(json.dumps(r), flush=True)
+    print("\n| kernel | messages | s | bursts survived | deaths/hangs | RSS start/max/end MiB | log lines per 1000 bad |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r['kernel']} | {r['messages']} | {r['seconds']} | {r['bursts_survived']}/{r['bursts']} | "
+            f"{len(r['deaths'])} | {r['rss_start_mib']}/{r['rss_max_mib']}/{r['rss_end_mib']} | "
+            f"{r['log_lines_per_1000_bad']} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
+    print(f"kernel logs: {logdir}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

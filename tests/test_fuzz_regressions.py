@@ -1,0 +1,279 @@
+"""Tier 3: every input that ever killed or hung the kernel, as a named test
+(issue 17), against a real kernel in a subprocess, from raw pyzmq peers.
+
+Each test also checks what must still work afterwards: kernel_info on
+control and ``1+1`` on shell answer within 1 s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import time
+import uuid
+from typing import Any
+
+import pytest
+import zmq
+from conftest import TIMEOUT, execute, start_kernel, stop_kernel
+
+pytestmark = pytest.mark.timeout(180)
+
+DELIM = b"<IDS|MSG>"
+
+
+def conn_of(km: Any) -> dict[str, Any]:
+    with open(km.connection_file, encoding="utf-8") as f:
+        return dict(json.load(f))
+
+
+def sign(key: bytes, parts: list[bytes]) -> bytes:
+    return hmac.new(key, b"".join(parts), hashlib.sha256).hexdigest().encode()
+
+
+def header(msg_type: str) -> dict[str, Any]:
+    return {
+        "msg_id": uuid.uuid4().hex,
+        "msg_type": msg_type,
+        "username": "peer",
+        "session": "peer-session",
+        "date": "2026-01-01T00:00:00Z",
+        "version": "5.5",
+    }
+
+
+def connected(sock: zmq.Socket[Any], connect: Any, timeout: float = TIMEOUT) -> None:
+    """Run ``connect()`` and wait until the ZMTP handshake with the kernel is
+    done: what is sent before may be lost when the socket is closed."""
+    mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    try:
+        connect()
+        assert mon.poll(int(timeout * 1000)), "no ZMTP handshake with the kernel"
+        mon.recv_multipart()
+    finally:
+        sock.disable_monitor()
+        mon.close(0)
+
+
+class Peer:
+    """A raw DEALER on one channel of a running kernel."""
+
+    def __init__(self, ctx: zmq.Context[Any], conn: dict[str, Any], channel: str):
+        self.key = conn["key"].encode()
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.linger = 0  # closed with the context, at the end of the test
+        connected(self.sock, lambda: self.sock.connect(f"tcp://{conn['ip']}:{conn[channel + '_port']}"))
+
+    def send_parts(self, parts: list[bytes], *buffers: bytes) -> None:
+        self.sock.send_multipart([DELIM, sign(self.key, parts), *parts, *buffers])
+
+    def send(self, msg_type: str, content: Any, *, hdr: dict[str, Any] | None = None) -> dict[str, Any]:
+        h = hdr or header(msg_type)
+        self.send_parts([json.dumps(h).encode(), b"{}", b"{}", json.dumps(content).encode()])
+        return h
+
+    def recv(self, timeout: float = TIMEOUT) -> dict[str, Any]:
+        if not self.sock.poll(int(timeout * 1000)):
+            raise TimeoutError("no reply")
+        frames = self.sock.recv_multipart()
+        i = frames.index(DELIM)
+        return {k: json.loads(frames[i + 2 + n]) for n, k in enumerate(("header", "parent_header", "metadata", "content"))}
+
+
+
+def assert_serving(km: Any, kc: Any) -> None:
+    """The invariants after bad input: alive; control and shell answer within 1 s."""
+    assert km.is_alive()
+    t0 = time.monotonic()
+    msg = kc.session.msg("kernel_info_request")
+    kc.control_channel.send(msg)
+    while kc.get_control_msg(timeout=5)["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+        pass
+    assert time.monotonic() - t0 < 1.0
+    t0 = time.monotonic()
+    reply, out = execute(kc, "1+1", timeout=5)
+    assert time.monotonic() - t0 < 1.0
+    assert reply["content"]["status"] == "ok"
+    assert [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"] == ["2"]
+
+
+@pytest.fixture
+def kernel_with_log(jupyter_path, tmp_path):
+    log_path = tmp_path / "kernel.log"
+    with open(log_path, "w", encoding="utf-8") as err:
+        km, kc = start_kernel("trikernel-test-signal", stderr=err)
+        ctx = zmq.Context()
+        try:
+            yield km, kc, ctx, log_path
+        finally:
+            ctx.destroy(0)
+            stop_kernel(km, kc)
+
+
+@pytest.mark.parametrize("part", range(4), ids=["header", "parent_header", "metadata", "content"])
+def test_985_deep_array_is_dropped(kernel_with_log, part):
+    """Killed trikernel in 4 of 4 fuzz runs (issue 17): RecursionError out of
+    json.loads in the channel task ended the io run and the process."""
+    km, kc, ctx, log_path = kernel_with_log
+    conn = conn_of(km)
+    for channel in ("shell", "control", "stdin"):
+        peer = Peer(ctx, conn, channel)
+        for n, depth in enumerate((985, 990, 100_000)):
+            parts = [json.dumps(header("kernel_info_request")).encode(), b"{}", b"{}", b"{}"]
+            parts[2 if part != 2 else 3] = json.dumps({"n": n, "channel": channel}).encode()  # no replays
+            parts[part] = b"[" * depth + b"]" * depth
+            peer.send_parts(parts)
+    assert_serving(km, kc)
+    assert wait_for_drops(kc, "too_deep", 9) == 9, trikernel_stats(kc)["malformed_by_kind"]
+    assert "Traceback" not in log_path.read_text(encoding="utf-8")
+
+
+def trikernel_stats(kc: Any) -> dict[str, Any]:
+    """``%trikernel --return``'s dict, read from the cell's execute_result."""
+    reply, out = execute(kc, "%trikernel --return")
+    assert reply["content"]["status"] == "ok"
+    result = [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"]
+    import ast
+
+    return dict(ast.literal_eval(result[0]))
+
+
+def wait_for_drops(kc: Any, kind: str, n: int, timeout: float = 10.0) -> int:
+    """Messages on other sockets are read concurrently: wait until the
+    kernel has counted ``n`` drops of ``kind`` (or the deadline passes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        by_kind = trikernel_stats(kc)["malformed_by_kind"]
+        count = sum(v for k, v in by_kind.items() if k.endswith("." + kind))
+        if count >= n or time.monotonic() > deadline:
+            return int(count)
+
+
+def test_interrupt_while_ipython_loads_keeps_the_kernel(jupyter_path):
+    """Found by the fuzzer: kernel_info is answered while IPython still loads;
+    an interrupt_request then raised KeyboardInterrupt in the user run's
+    set-up and the kernel exited."""
+    km, kc = start_kernel("trikernel-test-message")  # returns at the first kernel_info_reply
+    try:
+        end = time.monotonic() + 2.0  # IPython loads for ~0.5-1 s after the first kernel_info_reply
+        while time.monotonic() < end:
+            msg = kc.session.msg("interrupt_request")
+            kc.control_channel.send(msg)
+            kc.get_control_msg(timeout=TIMEOUT)
+        reply, _ = execute(kc, "1+1")
+        assert reply["content"]["status"] == "ok"
+        assert_serving(km, kc)
+    finally:
+        stop_kernel(km, kc)
+
+
+def test_signal_interrupt_while_ipython_loads_keeps_the_kernel(jupyter_path):
+    km, kc = start_kernel("trikernel-test-signal")
+    try:
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            km.interrupt_kernel()  # SIGINT to the process
+            time.sleep(0.005)  # a signal has no reply to wait for
+        reply, _ = execute(kc, "1+1")
+        assert reply["content"]["status"] == "ok"
+    finally:
+        stop_kernel(km, kc)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        {"comm_id": 5, "target_name": "x", "data": {}},
+        {"comm_id": ["a"], "target_name": "x", "data": {}},
+        {"comm_id": "caf\u00e9", "target_name": "x", "data": {}},
+        {"comm_id": "c1", "target_name": ["x"], "data": {}},
+        {"comm_id": "c2", "target_name": "x", "data": [1]},
+    ],
+    ids=["int-id", "list-id", "non-ascii-id", "list-target", "list-data"],
+)
+def test_comm_open_of_the_wrong_shape_is_dropped_not_relayed(kernel_with_log, content):
+    """Before: a traceback in the log per message, and for an int comm_id an
+    IOPub comm_close with an int comm_id, invalid for every other client."""
+    km, kc, ctx, _ = kernel_with_log
+    peer = Peer(ctx, conn_of(km), "shell")
+    h = peer.send("comm_open", content)
+    seen = []
+    while True:  # busy/idle for it; the validating client checks every message
+        m = kc.get_iopub_msg(timeout=TIMEOUT)
+        if m["parent_header"].get("msg_id") == h["msg_id"]:
+            seen.append(m["msg_type"])
+            if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                break
+    assert "comm_close" not in seen
+    assert_serving(km, kc)
+
+
+@pytest.mark.parametrize("restart", ["yes", 5, {"a": [1]}, None, [True]])
+def test_shutdown_with_restart_garbage_gets_a_valid_reply_and_exits_cleanly(jupyter_path, restart):
+    km, kc = start_kernel("trikernel-test-signal")
+    proc = km.provisioner.process
+    try:
+        msg = kc.session.msg("shutdown_request", {"restart": restart})
+        kc.control_channel.send(msg)
+        reply = kc.get_control_msg(timeout=TIMEOUT)  # schema-checked: restart is a bool
+        assert reply["content"]["status"] == "ok"
+        assert isinstance(reply["content"]["restart"], bool)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        kc.stop_channels()
+        km.cleanup_resources()
+
+
+def test_date_shaped_header_is_not_echoed_to_other_clients(kernel_with_log):
+    """jupyter_client's extract_dates raises on "2020-13-45T99:99:99" in a
+    parent_header: echoed on IOPub it broke every other client's reader."""
+    km, kc, ctx, _ = kernel_with_log
+    peer = Peer(ctx, conn_of(km), "shell")
+    h = header("kernel_info_request")
+    h["date"] = "2020-13-45T99:99:99"
+    peer.send("kernel_info_request", {}, hdr=h)
+    assert wait_for_drops(kc, "bad_header", 1) == 1
+    assert_serving(km, kc)  # the well-behaved client read every IOPub message since
+
+
+def test_bad_input_log_is_bounded_and_never_shows_secrets(jupyter_path, tmp_path):
+    """2000 bad messages on three channels cost a handful of log lines, and
+    neither the HMAC key nor the CurveZMQ secret key appears in the log."""
+    log_path = tmp_path / "kernel.log"
+    with open(log_path, "w", encoding="utf-8") as err:
+        km, kc = start_kernel(
+            "trikernel-test-signal", stderr=err, transport_encryption="required"
+        )
+        conn = conn_of(km)
+        ctx = zmq.Context()
+        try:
+            socks = {}
+            for ch in ("shell", "control", "stdin"):
+                s = ctx.socket(zmq.DEALER)
+                s.linger = 0
+                s.curve_serverkey = conn["curve_publickey"].encode()
+                s.curve_publickey, s.curve_secretkey = zmq.curve_keypair()
+                connected(s, lambda s=s, ch=ch: s.connect(f"tcp://{conn['ip']}:{conn[ch + '_port']}"))
+                socks[ch] = s
+            key = conn["key"].encode()
+            for i in range(2000):
+                s = socks[("shell", "control", "stdin")[i % 3]]
+                parts = [json.dumps(header("kernel_info_request")).encode(), b"{}", b"{}", b"[" * 1000 + b"]" * 1000]
+                frames = [DELIM, sign(key, parts), *parts] if i % 2 else [DELIM, b"0" * 64, *parts]
+                s.send_multipart(frames)
+            assert wait_for_drops(kc, "too_deep", 1000) + wait_for_drops(kc, "bad_signature", 1000) == 2000
+            assert trikernel_stats(kc)["malformed_dropped"] == 2000
+            assert_serving(km, kc)
+        finally:
+            ctx.destroy(0)
+            stop_kernel(km, kc)  # the last summary line is written at shutdown
+    log = log_path.read_text(encoding="utf-8")
+    bad_lines = [ln for ln in log.splitlines() if "trikernel.badinput" in ln]
+    assert 1 <= len(bad_lines) <= 4, bad_lines  # first detail + one summary per 10 s + the last
+    assert "2000" in log or sum(int(n) for n in re.findall(r"dropped (\d+) more", log)) == 1999
+    for secret in (conn["key"], conn["curve_secretkey"]):
+        assert secret not in log
+    assert os.path.getsize(log_path) < 10_000
