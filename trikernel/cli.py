@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -197,6 +198,12 @@ def _parse_run_args(argv: list[str]) -> tuple[argparse.Namespace, KernelConfig]:
 
 def _run(argv: list[str]) -> int:
     from . import handshake, sockopts
+
+    # Interrupts may come as soon as the kernel answers kernel_info, before
+    # the user run has its SIGINT handler: hold them back until it has
+    # (userrun._protected_setup unblocks). Threads started from here on
+    # inherit the mask; SIGINT is the main thread's.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
     try:
         args, config = _parse_run_args(argv)

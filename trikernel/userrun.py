@@ -266,6 +266,9 @@ def _protected_setup(setup: Callable[[trio.Nursery], None], nursery: trio.Nurser
     to interrupt the first cell.
     """
     previous = signal.signal(signal.SIGINT, _ignore_at_start_up)
+    # cli.py blocked SIGINT before anything else: what arrived since is
+    # delivered now, to the ignoring handler
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         setup(nursery)
     finally:
@@ -281,9 +284,11 @@ def _enable_sigint() -> None:
 
     trio installs its handler only over Python's default one, so a kernel
     started with SIGINT ignored (``nohup cmd &``, as remote launchers do) or
-    set to ``SIG_DFL`` would never see interrupts; a blocked SIGINT
-    (inherited signal mask) is unblocked.
+    set to ``SIG_DFL`` would never see interrupts. SIGINT stays blocked
+    (cli.py blocks it first thing, so an interrupt sent while the kernel
+    starts cannot land before trio's handler is in place); the set-up
+    unblocks it (_protected_setup).
     """
-    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
