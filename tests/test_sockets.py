@@ -15,7 +15,8 @@ Covered, for both:
   reader waits, after a message arrived, resets the FD; the message must
   still be read (500 forced races, each checked to have really reset the
   FD; then a stress with requests, replies and unsolicited sends from a
-  second task);
+  second task). And a non-blocking receive by another task while the
+  reader waits must not leave the reader asleep over a queued message;
 - ordering: messages are read in the order sent;
 - cancellation: a receive cancelled while it waits loses no message, and a
   receive cancelled at its checkpoint while a message is queued leaves the
@@ -72,6 +73,12 @@ FAULT_CANCELLED_CHECKPOINT = (
     f"zmq-anyio {ZMQ_ANYIO}: arecv_multipart() takes a queued message off the socket before "
     "the await; cancelled at trio's checkpoint (Event.wait), the message is dropped"
 )
+FAULT_NOWAIT_BESIDE_WAITER = (
+    f"zmq-anyio {ZMQ_ANYIO}: a DONTWAIT arecv_multipart() resets ZMQ_FD without re-checking "
+    "ZMQ_EVENTS; a receive already waiting sleeps while a message is queued"
+)
+#: Seconds a reader that was woken may take to return (no I/O left to wait for).
+WAKE = 2.0
 
 
 class Adapter(Protocol):
@@ -298,6 +305,35 @@ def test_send_while_reader_waits_loses_no_message(adapter: AdapterType, pair: Pa
     run(adapter, pair.router, body)
     # the test is only worth something if the edge really was consumed
     assert forced >= RACES // 2, f"only {forced} of {RACES} sends consumed the edge"
+
+
+@pytest.mark.parametrize("adapter", adapters(zmq_anyio_fault=FAULT_NOWAIT_BESIDE_WAITER))
+def test_nowait_receive_beside_a_waiting_reader(adapter: AdapterType, inproc_pair: Pair) -> None:
+    """While the reader waits, another task takes one of two queued messages
+    without waiting (the kernel drains the shell socket this way when
+    stop_on_error opens an abort window). The reader must get the other."""
+    p = inproc_pair
+
+    async def body(a: Adapter) -> None:
+        await connected(a, p.peer)
+        got: list[list[bytes]] = []
+        done = trio.Event()
+
+        async def reader() -> None:
+            got.append(await a.recv())
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()  # the reader waits on ZMQ_FD
+            p.peer.send_multipart([b"m1"])
+            p.peer.send_multipart([b"m2"])
+            assert a.recv_nowait() == [IDENTITY, b"m1"]
+            with trio.fail_after(WAKE):
+                await done.wait()
+        assert got == [[IDENTITY, b"m2"]]
+
+    run(adapter, p.router, body)
 
 
 STRESS = 3000

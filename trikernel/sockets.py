@@ -146,7 +146,9 @@ class TrioSocket:
     ``dropped`` and logged (at most one line per DROP_LOG_INTERVAL).
 
     Threads: only tasks (or ``run_sync_soon`` callbacks) of the run that
-    owns the socket may call it; one task at a time may receive.
+    owns the socket may call it. One task at a time may await
+    :meth:`recv_multipart`; any task may call :meth:`send_nowait` and
+    :meth:`recv_multipart_nowait`, also while the reader waits.
     """
 
     def __init__(self, sock: zmq.Socket[Any], name: str):
@@ -175,11 +177,16 @@ class TrioSocket:
                     self._waiter = None
 
     def recv_multipart_nowait(self) -> list[bytes] | None:
-        """The next message's frames if one is queued, else None (no checkpoint)."""
+        """The next message's frames if one is queued, else None (no checkpoint).
+
+        Any task of the run may call it, also while another task waits in
+        :meth:`recv_multipart`: that reader is woken if more is queued."""
         try:
             return self.sock.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
             return None
+        finally:
+            self._wake_reader()
 
     def send_nowait(self, frames: list[bytes]) -> bool:
         """Send without blocking; returns False (counted, logged) when a
@@ -199,5 +206,10 @@ class TrioSocket:
                 log.warning("%s: a message could not be delivered (%s); %d dropped so far", self.name, why, self.dropped)
             return False
         finally:
-            if self._waiter is not None and int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                self._waiter.cancel()
+            self._wake_reader()
+
+    def _wake_reader(self) -> None:
+        # a send or recv may have processed the socket's commands and so
+        # reset ZMQ_FD while a message is queued: a waiting reader would sleep
+        if self._waiter is not None and int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            self._waiter.cancel()
