@@ -130,15 +130,18 @@ def _bind_random_ipc(sock: zmq.Socket, conn: ConnectionInfo) -> int:
 class TrioSocket:
     """Drive one ZeroMQ socket from tasks of one trio run.
 
-    ZeroMQ's ``ZMQ_FD`` is edge-triggered, and every send, recv or
-    ``getsockopt(EVENTS)`` may consume the edge that announced an incoming
-    message (zmq_getsockopt(3), "ZMQ_FD"). So: the one reader always tries a
-    non-blocking recv before it waits on the FD, and every send re-checks
-    ``EVENTS`` afterwards and wakes the reader if a message is pending.
+    ``ZMQ_FD`` signals only that the socket has commands to process, and any
+    call that processes them — a recv, reading ``ZMQ_EVENTS``, a send when
+    libzmq's command throttle lets it — resets the FD although a message
+    may be queued (zmq_getsockopt(3), "ZMQ_FD"). So: the one reader tries a
+    non-blocking recv before it waits on the FD, and every send and every
+    :meth:`recv_multipart_nowait` re-checks ``ZMQ_EVENTS`` afterwards and
+    wakes a waiting reader if a message is queued.
 
     Cancellation: :meth:`recv_multipart` checkpoints *before* it takes a
-    message off the socket, never after, so a cancelled receive loses
-    nothing; a flood still yields to the run's other tasks at every message.
+    message off the socket, never after, so a receive cancelled while it
+    waits, or at its checkpoint with a message queued, loses nothing; a
+    flood still yields to the run's other tasks at every message.
 
     Drops are visible: the kernel's ROUTERs are created with
     ``ROUTER_MANDATORY`` (create_and_bind), so a reply to a peer that is gone
@@ -149,6 +152,16 @@ class TrioSocket:
     owns the socket may call it. One task at a time may await
     :meth:`recv_multipart`; any task may call :meth:`send_nowait` and
     :meth:`recv_multipart_nowait`, also while the reader waits.
+
+    Why not zmq-anyio (0.4.1, measured in tests/test_sockets.py, which runs
+    the same tests on both, and bench/sockets.py): it handles the FD edge
+    after sends, but a cancelled ``await arecv_multipart()`` leaves its
+    future queued to swallow the next message, a receive cancelled at
+    trio's checkpoint drops the message it already took, and a DONTWAIT
+    receive beside a waiting one leaves the waiter asleep over a queued
+    message; it costs about 3x this class's CPU in a ping-pong (2.7-3.7x
+    over three runs), and it pins pyzmq<28. docs/design.md, "Sockets", has
+    the figures.
     """
 
     def __init__(self, sock: zmq.Socket[Any], name: str):
