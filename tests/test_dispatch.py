@@ -141,8 +141,15 @@ class Client:
         raise AssertionError("no iopub_welcome")
 
     def send(self, channel: str, msg_type: str, content: dict[str, Any] | None = None, **header: Any) -> str:
+        return self.send_prepared(channel, self.prepare(msg_type, content, **header))
+
+    def prepare(self, msg_type: str, content: dict[str, Any] | None = None, **header: Any) -> dict[str, Any]:
+        """A message made now (its header date is now) to send later."""
         msg = self.session.msg(msg_type, content or {})
         msg["header"].update(header)
+        return msg
+
+    def send_prepared(self, channel: str, msg: dict[str, Any]) -> str:
         self.session.send(self.socks[channel], msg)
         return str(msg["header"]["msg_id"])
 
@@ -323,10 +330,13 @@ def test_interrupt_request_interrupts_the_user_run(rig: Rig) -> None:
 
 def test_stop_on_error_aborts_only_queued_executes(rig: Rig) -> None:
     c = rig.client
-    ids = [c.send("shell", "execute_request", {"code": "fail"})]
-    ids.append(c.send("shell", "complete_request", {"code": "x", "cursor_pos": 1}))
-    ids += [c.send("shell", "execute_request", {"code": f"cell {i}"}) for i in range(20)]
-    ids.append(c.send("shell", "inspect_request", {"code": "x", "cursor_pos": 1}))
+    # made first, then sent back to back, as a frontend's Run All does (the
+    # fake user run fails in microseconds, before the last ones arrive)
+    burst = [c.prepare("execute_request", {"code": "fail"})]
+    burst.append(c.prepare("complete_request", {"code": "x", "cursor_pos": 1}))
+    burst += [c.prepare("execute_request", {"code": f"cell {i}"}) for i in range(20)]
+    burst.append(c.prepare("inspect_request", {"code": "x", "cursor_pos": 1}))
+    ids = [c.send_prepared("shell", m) for m in burst]
     replies = {r["parent_header"]["msg_id"]: r for r in (c.recv("shell") for _ in ids) if r}
     assert replies[ids[0]]["content"]["ename"] == "ValueError"
     assert replies[ids[1]]["content"]["status"] == "ok"  # complete answered normally
