@@ -89,6 +89,9 @@ class FakeJobs:
         self.ran.append(code)
         self.execution_count += 1
         if code == "fail":
+            # a real failing cell takes milliseconds (IPython formats the
+            # traceback); the burst behind it is dated within that time
+            await trio.sleep(0.02)
             return {"status": "error", "ename": "ValueError", "evalue": "x", "traceback": [],
                     "execution_count": self.execution_count - 1}
         return {"status": "ok", "execution_count": self.execution_count - 1, "user_expressions": {}, "payload": []}
