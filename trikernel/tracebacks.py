@@ -31,12 +31,10 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from types import TracebackType
+from typing import Any
 
 from IPython.core.ultratb import AutoFormattedTB
-
-if TYPE_CHECKING:
-    from types import TracebackType
 
 log = logging.getLogger("trikernel.tracebacks")
 
@@ -125,6 +123,19 @@ MACHINERY = FrameFilter(MACHINERY_PACKAGES)
 MACHINERY_AND_IPYTHON = FrameFilter((*MACHINERY_PACKAGES, "IPython"))
 
 
+def without_hidden(tb: TracebackType | None, frames: FrameFilter) -> TracebackType | None:
+    """A new traceback chain with the hidden frames of ``tb`` left out (``tb`` is not changed)."""
+    kept = []
+    while tb is not None:
+        if not frames.hidden(tb.tb_frame.f_code.co_filename):
+            kept.append(tb)
+        tb = tb.tb_next
+    chain: TracebackType | None = None
+    for t in reversed(kept):
+        chain = TracebackType(chain, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return chain
+
+
 class TrikernelTB(AutoFormattedTB):
     """IPython's interactive traceback formatter (``shell.InteractiveTB``),
     with machinery frames hidden and exception text that cannot fail.
@@ -135,25 +146,20 @@ class TrikernelTB(AutoFormattedTB):
 
     frame_filter = MACHINERY
 
-    # Context/Verbose modes: the frames are FrameInfo records
+    # Context/Verbose modes. Hidden frames are dropped before IPython reads
+    # their source (stack_data parses each frame's whole file: trio's
+    # _run.py is 3000 lines), so hiding also makes the traceback cheaper.
     def get_records(self, etb: TracebackType, context: int, tb_offset: int) -> Any:
-        records = super().get_records(etb, context, tb_offset)
         if not self.skip_hidden:
-            return records
-        kept = []
-        for r in records:
-            frame = getattr(r, "frame", None)
-            if frame is not None and self.frame_filter.hidden(frame.f_code.co_filename):
-                continue
-            kept.append(r)
-        return kept
+            return super().get_records(etb, context, tb_offset)
+        kept = without_hidden(etb, self.frame_filter)
+        return super().get_records(kept, context, tb_offset) if kept is not None else []
 
-    # Plain mode: the frames are traceback.FrameSummary entries
+    # Plain mode (and the chained exceptions of it)
     def _extract_tb(self, tb: TracebackType | None) -> traceback.StackSummary | None:
-        summary = super()._extract_tb(tb)
-        if summary is None or not self.skip_hidden:
-            return summary
-        return traceback.StackSummary.from_list([f for f in summary if not self.frame_filter.hidden(f.filename)])
+        if tb is not None and self.skip_hidden:
+            tb = without_hidden(tb, self.frame_filter)
+        return super()._extract_tb(tb)
 
     # The last line of a Context/Verbose traceback. IPython's replaces a
     # failing str() with the *secondary* exception's type and value.
