@@ -30,7 +30,7 @@ from IPython.utils.tokenutil import token_at_cursor
 from traitlets import Any as TAny
 from traitlets import Instance, Type
 
-from . import tracebacks
+from . import awaitmagics, tracebacks
 from .outstream import ParentTracker, Publisher
 
 log = logging.getLogger("trikernel.shell")
@@ -147,6 +147,15 @@ class TrikernelShell(InteractiveShell):
         assert pm is not None, "IPython shell without a payload manager"
         return pm
 
+    async def run_line_magic_async(self, magic_name: str, line: str) -> Any:
+        """``run_line_magic`` for ``%time``/``%timeit`` whose statement awaits
+        (the cell's AST is rewritten to await this; awaitmagics.py)."""
+        return await awaitmagics.run_magic_async(self, "line", magic_name, line, None)
+
+    async def run_cell_magic_async(self, magic_name: str, line: str, cell: str) -> Any:
+        """``run_cell_magic`` for ``%%time``/``%%timeit``/``%%capture`` whose code awaits (awaitmagics.py)."""
+        return await awaitmagics.run_magic_async(self, "cell", magic_name, line, cell)
+
     def set_next_input(self, text: str, replace: bool = False) -> None:
         self._payloads().write_payload({"source": "set_next_input", "text": text, "replace": replace})
 
@@ -157,7 +166,9 @@ class TrikernelShell(InteractiveShell):
     def init_traceback_handlers(self, custom_exceptions: Any) -> None:
         super().init_traceback_handlers(custom_exceptions)
         # as IPython's, with machinery frames hidden and text that cannot fail (tracebacks.py)
-        self.InteractiveTB = tracebacks.TrikernelTB(mode=self.xmode, theme_name=self.colors, tb_offset=1)
+        self.InteractiveTB = tracebacks.TrikernelTB(  # type: ignore[no-untyped-call]
+            mode=self.xmode, theme_name=self.colors, tb_offset=1
+        )
 
     def showtraceback(  # type: ignore[override]
         self,
@@ -264,7 +275,9 @@ def create_shell(publisher: Publisher) -> TrikernelShell:
     shell.displayhook.publisher = publisher
     shell.display_pub.publisher = publisher
     shell.autoawait = True
-    shell.loop_runner = "trio"  # what %autoawait reports; cells are awaited in the user run
+    # cells are awaited in the user run; this runner serves only nested synchronous run_cell calls
+    shell.loop_runner = awaitmagics.loop_runner
+    shell.ast_transformers.append(awaitmagics.AwaitInMagics(shell))  # await under %time, %timeit, %%capture
     shell._last_traceback = []
     shell._formatting_error = None
     return shell
@@ -313,7 +326,8 @@ async def execute(
     getpass.getpass = fwd.getpass if allow_stdin else _no_stdin  # type: ignore[assignment]
     shell._last_traceback = []
     shell._formatting_error = None
-    shell.displayhook.formatting = False
+    if isinstance(shell.displayhook, TrikernelDisplayHook):
+        shell.displayhook.formatting = False  # left set if the last result's formatting raised out
     try:
         preprocessing_exc_tuple = None
         try:
