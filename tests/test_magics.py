@@ -2,7 +2,9 @@
 
 Section 2: top-level ``await`` under ``%time``, ``%%time``, ``%timeit``,
 ``%%timeit`` (and ``%%capture``), measured as IPython measures, awaited in
-the user trio run.
+the user trio run. Section 3: ``%connect_info`` (checked by attaching a
+second client and ``jupyter console --existing`` with what it prints), the
+other kernel-specific magics of ipykernel, ``%autoawait``.
 
 Durations asserted here are lower bounds the code under test guarantees
 (a ``trio.sleep(0.3)`` cannot take less than 0.3 s of wall time, CPU burnt
@@ -13,19 +15,25 @@ never speed targets.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import textwrap
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from conftest import (
+    TIMEOUT,
     collect_outputs,
     execute,
+    install_kernelspec,
     start_kernel,
     stdout_of,
     stop_kernel,
     wait_for_marker,
+    which,
 )
+from jupyter_client.blocking.client import BlockingKernelClient
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -308,6 +316,169 @@ def test_capture_cell_with_await(tk):
     _c, out = ok(tk, "captured.stdout, len(captured.outputs)")
     assert result_of(out) == "('hidden\\n', 1)"
     assert calls_of(tk) == [[True, True]]
+
+
+def test_autoawait_off_and_other_loops(jupyter_path):
+    """``%autoawait`` reports trio; off disables top-level await (under %time too); asyncio is refused."""
+    km, kc = start_kernel("trikernel-test-signal")
+    try:
+        _c, out = ok(kc, "%autoawait")
+        assert stdout_of(out) == "IPython autoawait is `on`, and set to use `trio`\n"
+        reply, out = execute(kc, "%autoawait asyncio", stop_on_error=False)
+        assert (reply["content"]["status"], reply["content"]["ename"]) == ("error", "UsageError")
+        assert "trio" in reply["content"]["evalue"]
+        ok(kc, "%autoawait off")
+        reply, _ = execute(kc, "import trio\nawait trio.sleep(0)", stop_on_error=False)
+        assert reply["content"]["ename"] == "SyntaxError", reply["content"]
+        reply, _ = execute(kc, "%time await trio.sleep(0)", stop_on_error=False)
+        assert reply["content"]["ename"] == "SyntaxError", reply["content"]
+        ok(kc, "%autoawait trio")
+        ok(kc, "await trio.sleep(0)")
+        ok(kc, "%time await trio.sleep(0)")
+    finally:
+        stop_kernel(km, kc)
+
+
+# --------------------------------------------------------------------------
+# section 3: %connect_info and the other kernel magics
+
+
+def connect_info(kc: ValidatingClient) -> tuple[dict[str, Any], str]:
+    """(the printed JSON, the text after it)."""
+    _c, out = ok(kc, "%connect_info")
+    text = stdout_of(out)
+    head, _, rest = text.partition("\n}\n")
+    return json.loads(head + "\n}"), rest
+
+
+def test_connect_info_attaches_a_second_client(tk, tmp_path):
+    """issue 16 §3: the printed JSON is a working connection file for a second client."""
+    info, _rest = connect_info(tk)
+    path = tmp_path / "attach.json"
+    path.write_text(json.dumps(info))
+    other = BlockingKernelClient()
+    other.load_connection_file(str(path))
+    other.start_channels()
+    try:
+        other.wait_for_ready(timeout=TIMEOUT)
+        reply, out = execute(other, "print(6 * 7)")
+        assert reply["content"]["status"] == "ok"
+        assert stdout_of(out) == "42\n"
+    finally:
+        other.stop_channels()
+
+
+@pytest.fixture
+def runtime_kernel(jupyter_path: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Any]]:
+    """A kernel whose connection file lives in Jupyter's runtime directory (a
+    private one: JUPYTER_RUNTIME_DIR, inherited by the kernel and by clients)."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    km, kc = start_kernel("trikernel-test-signal", connection_file=str(runtime / "kernel-connect-info.json"))
+    yield km, kc
+    stop_kernel(km, kc)
+
+
+def test_connect_info_matches_the_kernel_and_names_its_file(runtime_kernel):
+    km, kc = runtime_kernel
+    info, rest = connect_info(kc)
+    expected = km.get_connection_info(session=False)
+    for field in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port", "ip", "transport"):
+        assert info[field] == expected[field], field
+    assert info["key"] == expected["key"].decode()
+    assert info["signature_scheme"] == expected["signature_scheme"]
+    assert "Paste the above JSON into a file" in rest
+    # in Jupyter's runtime directory the file's name alone is enough, as ipykernel prints it
+    assert "$> jupyter <app> --existing kernel-connect-info.json\n" in rest, rest
+
+
+def test_connect_info_names_a_file_elsewhere_by_its_path(tk):
+    _info, rest = connect_info(tk)
+    m = re.search(r"--existing (\S+)\nor even just", rest)
+    assert m is not None, rest
+    assert os.path.isabs(m.group(1)), rest
+    assert json.loads(open(m.group(1)).read())["shell_port"] == _info["shell_port"]
+
+
+def test_jupyter_console_existing_as_printed(runtime_kernel):
+    """Attach ``jupyter console --existing <name>`` exactly as %connect_info says; the kernel keeps running."""
+    pytest.importorskip("jupyter_console")
+    _km, kc = runtime_kernel
+    _info, rest = connect_info(kc)
+    m = re.search(r"--existing (\S+)\nor even just", rest)
+    assert m is not None, rest
+    r = subprocess.run(
+        [which("jupyter"), "console", "--existing", m.group(1), "--simple-prompt"],
+        input="print(6 * 7)\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "42" in re.sub(r"\x1b\[[0-9;]*m", "", r.stdout), (r.stdout[-2000:], r.stderr[-2000:])
+    ok(kc, "print('still here')")
+
+
+def test_connect_info_of_a_handshake_kernel(tmp_path):
+    """Started from a JEP 66 registration file: the bound ports, and no file of its own to name."""
+    root = install_kernelspec(tmp_path, "trikernel-test-hs", "--handshake")
+    old = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = root + (os.pathsep + old if old else "")
+    try:
+        km, kc = start_kernel("trikernel-test-hs")
+    finally:
+        if old is None:
+            os.environ.pop("JUPYTER_PATH")
+        else:
+            os.environ["JUPYTER_PATH"] = old
+    try:
+        info, rest = connect_info(kc)
+        expected = km.get_connection_info(session=False)
+        assert {p: info[p] for p in ("shell_port", "iopub_port", "hb_port")} == {
+            p: expected[p] for p in ("shell_port", "iopub_port", "hb_port")
+        }
+        assert "registration file" in rest
+        assert "--existing <file>" in rest
+    finally:
+        stop_kernel(km, kc)
+
+
+def test_edit_less_more_autosave_subshell_qtconsole(tk, tmp_path):
+    """ipykernel's other kernel magics: payloads, the pager, a display, clear messages."""
+    f = tmp_path / "notes.txt"
+    f.write_text("some notes\n")
+    c, _ = ok(tk, f"%edit {f}")
+    assert c["payload"] == [{"source": "edit_magic", "filename": str(f.resolve()), "line_number": None}]
+    for magic in ("less", "more"):
+        c, _ = ok(tk, f"%{magic} {f}")
+        assert [(p["source"], p["data"]["text/plain"]) for p in c["payload"]] == [("page", "some notes\n")]
+    reply, _ = execute(tk, "%less", stop_on_error=False)
+    assert (reply["content"]["ename"], reply["content"]["evalue"]) == ("UsageError", "Missing filename.")
+    _c, out = ok(tk, "%autosave 30")
+    js = [m["content"]["data"] for m in out if m["msg_type"] == "display_data"]
+    assert js == [{"application/javascript": "IPython.notebook.set_autosave_interval(30000)"}]
+    assert stdout_of(out) == "Autosaving every 30 seconds\n"
+    _c, out = ok(tk, "%subshell")
+    assert stdout_of(out) == "Kernel does not support subshells\n"
+    reply, _ = execute(tk, "%qtconsole", stop_on_error=False)
+    c = reply["content"]
+    assert (c["status"], c["ename"]) == ("error", "UsageError")
+    assert "jupyter qtconsole --existing" in c["evalue"]
+    c, _ = ok(tk, f"%ed {f}")
+    assert c["payload"][0]["source"] == "edit_magic"
+
+
+def test_debug_post_mortem_over_stdin(tk):
+    """``%debug`` after an error: the debugger prompts through input_request and inspects the frame."""
+    execute(tk, "def f(x):\n    y = x * 2\n    return 1 / 0\nf(21)", stop_on_error=False)
+    msg_id = tk.execute("%debug", allow_stdin=True)
+    answers = ["p y", "q"]
+    while answers:
+        req = tk.get_stdin_msg(timeout=TIMEOUT)
+        assert req["content"]["prompt"].strip() == "ipdb>"
+        tk.input(answers.pop(0))
+    out = collect_outputs(tk, msg_id)
+    assert "42" in stdout_of(out)
 
 
 def test_nested_run_cell_that_awaits_says_why_it_cannot(tk):
