@@ -261,7 +261,10 @@ def _run(argv: list[str]) -> int:
     from .kernel import Kernel
 
     nodrop = bool(dict(options.for_channel("iopub")).get("XPUB_NODROP", 1))
-    return Kernel(conn, config, bound, iopub_nodrop=nodrop).run()
+    # the file a client can attach with (%connect_info): a registration file holds no ports
+    usable = args.write_connection_file if registration is not None else path
+    connection_file = os.path.abspath(usable) if usable else None
+    return Kernel(conn, config, bound, iopub_nodrop=nodrop, connection_file=connection_file).run()
 
 
 def _is_loopback(ip: str) -> bool:

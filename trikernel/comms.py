@@ -50,11 +50,15 @@ class TrikernelComm(BaseComm):
     def handle_msg(self, msg: dict[str, Any]) -> None:
         # ipykernel brackets comm callbacks with pre/post_execute so that
         # e.g. matplotlib figures made in a widget callback are flushed.
+        # An error in the callback is shown as an ``error`` output parented to
+        # the comm_msg (as ipywidgets shows its callbacks' errors).
         shell = TrikernelComm.shell
         if self._msg_callback and shell is not None:
             shell.events.trigger("pre_execute")
             try:
                 self._msg_callback(msg)
+            except BaseException:
+                shell.showtraceback()
             finally:
                 shell.events.trigger("post_execute")
         else:
@@ -121,10 +125,21 @@ def dispatch(manager: CommManager, msg: Message) -> None:
 
     Raises ProtocolError (kind "bad_content") for content of the wrong
     shape (:func:`check_content`); nothing reaches a handler then.
+
+    ``comm`` logs an Exception from a handler; anything else the handler
+    raises (SystemExit, KeyboardInterrupt, other BaseExceptions) is the
+    user's too: shown as an ``error`` output parented to ``msg``, never
+    passed into the kernel's runs.
     """
     check_content(msg)
     handler = getattr(manager, msg.msg_type)
-    handler(None, None, as_dict(msg))
+    try:
+        handler(None, None, as_dict(msg))
+    except BaseException:
+        shell = TrikernelComm.shell
+        if shell is None:
+            raise
+        shell.showtraceback()
 
 
 def comm_info(manager: CommManager, target_name: str | None) -> dict[str, Any]:

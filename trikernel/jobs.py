@@ -31,6 +31,7 @@ from .wire import Message
 if TYPE_CHECKING:
     from comm.base_comm import CommManager
 
+    from .config import ConnectionInfo
     from .shell import TrikernelShell
     from .stdinbridge import StdinBridge
 
@@ -133,7 +134,9 @@ class UserSideDeps:
     - ``parents``: the fallback parent for output without a context;
     - ``stdin``: the bridge ``input()`` uses;
     - ``stats``: returns the IOPub counters for ``%trikernel``;
-    - ``capture_fds``: capture file descriptors 1 and 2 (KernelConfig).
+    - ``capture_fds``: capture file descriptors 1 and 2 (KernelConfig);
+    - ``connection``, ``connection_file``: what ``%connect_info`` prints (the
+      connection info with the bound ports; a file holding it, or None).
     """
 
     builder: MessageBuilder
@@ -142,6 +145,8 @@ class UserSideDeps:
     stdin: StdinBridge
     stats: Callable[[], dict[str, Any]]
     capture_fds: bool
+    connection: ConnectionInfo | None = None
+    connection_file: str | None = None
 
 
 def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
@@ -175,5 +180,7 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
         shell.user_ns[name] = value
         shell.user_ns_hidden[name] = value
     magics.register(shell, deps.stats)
+    info = deps.connection.to_dict() if deps.connection is not None else None
+    magics.register_kernel_magics(shell, magics.ConnectionFile(info, deps.connection_file) if info else None)
     outstream.install(deps.queue, deps.parents, capture_fds=deps.capture_fds)
     return ShellJobs(shell, comm_manager, deps.parents, deps.stdin)

@@ -48,6 +48,8 @@ class Kernel:
 
     ``services``: extra io-run tasks started with ``task_status`` (e.g. the
     gateway comm port), each called as ``service(task_status=...)``.
+    ``connection_file``: absolute path of a connection file clients can
+    attach with, or None (``%connect_info`` shows it).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class Kernel:
         *,
         iopub_nodrop: bool = True,
         services: tuple[Callable[..., Any], ...] = (),
+        connection_file: str | None = None,
     ):
         self.conn = conn
         self.config = config
@@ -109,7 +112,14 @@ class Kernel:
             )
         )
         self._user_side = UserSideDeps(
-            builder, self.queue, self.parents, self.stdin, self.iopub_counters, config.capture_fds
+            builder,
+            self.queue,
+            self.parents,
+            self.stdin,
+            self.iopub_counters,
+            config.capture_fds,
+            connection=conn,
+            connection_file=connection_file,
         )
         self._jobs: ShellJobs | None = None
 

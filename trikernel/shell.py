@@ -16,7 +16,6 @@ import getpass
 import logging
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -25,12 +24,13 @@ from IPython.core import page, payloadpage
 from IPython.core.autocall import ZMQExitAutocall
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
-from IPython.core.error import StdinNotImplementedError
-from IPython.core.interactiveshell import InteractiveShell, InteractiveShellABC
+from IPython.core.error import StdinNotImplementedError, UsageError
+from IPython.core.interactiveshell import ExecutionResult, InteractiveShell, InteractiveShellABC
 from IPython.utils.tokenutil import token_at_cursor
 from traitlets import Any as TAny
 from traitlets import Instance, Type
 
+from . import awaitmagics, tracebacks
 from .outstream import ParentTracker, Publisher
 
 log = logging.getLogger("trikernel.shell")
@@ -44,6 +44,20 @@ def clean_bundle(data: dict[str, Any]) -> dict[str, Any]:
             v = base64.b64encode(bytes(v)).decode("ascii")
         out[k] = v
     return out
+
+
+def send_display(publisher: Publisher, msg_type: str, content: dict[str, Any]) -> None:
+    """Publish display output; data JSON cannot carry is the caller's error.
+
+    Raises:
+        TypeError: ``content`` holds something JSON cannot carry (raised
+            in the user's code, without the serialiser's internals); nothing
+            was queued.
+    """
+    try:
+        publisher.send(msg_type, content)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{msg_type} cannot be sent: its data or metadata is not JSON-serialisable ({exc})") from None
 
 
 class TrikernelDisplayPublisher(DisplayPublisher):
@@ -60,18 +74,25 @@ class TrikernelDisplayPublisher(DisplayPublisher):
         **kwargs: Any,
     ) -> None:
         content = {"data": clean_bundle(data), "metadata": metadata or {}, "transient": transient or {}}
-        self.publisher.send("update_display_data" if update else "display_data", content)
+        send_display(self.publisher, "update_display_data" if update else "display_data", content)
 
     def clear_output(self, wait: bool = False) -> None:
         self.publisher.send("clear_output", {"wait": bool(wait)})
 
 
 class TrikernelDisplayHook(DisplayHook):
-    """execute_result for the last expression of a cell."""
+    """execute_result for the last expression of a cell.
+
+    ``formatting`` is true while the result is being formatted: an error
+    shown then (a ``__repr__`` or ``_repr_*_`` that raises) fails the
+    execute request, as in ipykernel 7.
+    """
 
     publisher = TAny()
+    formatting = False
 
     def start_displayhook(self) -> None:
+        self.formatting = True
         self._content: dict[str, Any] = {"data": {}, "metadata": {}}
 
     def write_output_prompt(self) -> None:
@@ -82,9 +103,10 @@ class TrikernelDisplayHook(DisplayHook):
         self._content["metadata"] = md_dict or {}
 
     def finish_displayhook(self) -> None:
-        if self._content.get("data"):
-            self.publisher.send("execute_result", self._content)
-        self._content = {}
+        self.formatting = False
+        content, self._content = self._content, {}
+        if content.get("data"):
+            send_display(self.publisher, "execute_result", content)
 
 
 class TrikernelShell(InteractiveShell):
@@ -115,6 +137,8 @@ class TrikernelShell(InteractiveShell):
         self._payloads().write_payload({"source": "ask_exit", "keepkernel": self.keepkernel_on_exit})
 
     keepkernel_on_exit = False
+    #: the ``error`` content of a failure to format this cell's result (see TrikernelDisplayHook)
+    _formatting_error: dict[str, Any] | None = None
     #: what ``get_ipython().kernel`` offers user code (ShellKernel)
     kernel: Any = None
 
@@ -123,12 +147,28 @@ class TrikernelShell(InteractiveShell):
         assert pm is not None, "IPython shell without a payload manager"
         return pm
 
+    async def run_line_magic_async(self, magic_name: str, line: str) -> Any:
+        """``run_line_magic`` for ``%time``/``%timeit`` whose statement awaits
+        (the cell's AST is rewritten to await this; awaitmagics.py)."""
+        return await awaitmagics.run_magic_async(self, "line", magic_name, line, None)
+
+    async def run_cell_magic_async(self, magic_name: str, line: str, cell: str) -> Any:
+        """``run_cell_magic`` for ``%%time``/``%%timeit``/``%%capture`` whose code awaits (awaitmagics.py)."""
+        return await awaitmagics.run_magic_async(self, "cell", magic_name, line, cell)
+
     def set_next_input(self, text: str, replace: bool = False) -> None:
         self._payloads().write_payload({"source": "set_next_input", "text": text, "replace": replace})
 
     def enable_gui(self, gui: str | None = None) -> None:
         if gui not in (None, "inline"):
             log.warning("GUI event loop %r is not supported by trikernel", gui)
+
+    def init_traceback_handlers(self, custom_exceptions: Any) -> None:
+        super().init_traceback_handlers(custom_exceptions)
+        # as IPython's, with machinery frames hidden and text that cannot fail (tracebacks.py)
+        self.InteractiveTB = tracebacks.TrikernelTB(  # type: ignore[no-untyped-call]
+            mode=self.xmode, theme_name=self.colors, tb_offset=1
+        )
 
     def showtraceback(  # type: ignore[override]
         self,
@@ -138,22 +178,70 @@ class TrikernelShell(InteractiveShell):
         exception_only: bool = False,
         running_compiled_code: bool = False,
     ) -> None:
-        """As IPython's, but exception groups (trio nurseries) become an
-        ``error`` output too; IPython prints them to stderr instead."""
+        """Publish the exception as one IOPub ``error`` (spec "Execution errors").
+
+        As IPython's, except: exception groups (trio nurseries) are an
+        ``error`` too (IPython prints them to stderr), a failure to format
+        never replaces the exception or escapes, and machinery frames are
+        hidden (tracebacks.py).
+        """
         try:
             etype, value, tb = self._get_exc_info(exc_tuple)
         except ValueError:
-            return super().showtraceback(exc_tuple, filename, tb_offset, exception_only, running_compiled_code)
-        if isinstance(value, BaseExceptionGroup) and not exception_only:
-            text = "".join(traceback.format_exception(etype, value, tb))
-            self._showtraceback(etype, value, text.rstrip("\n").split("\n"))
-            return None
-        return super().showtraceback(exc_tuple, filename, tb_offset, exception_only, running_compiled_code)
+            print("No traceback available to show.", file=sys.stderr)
+            return
+        try:
+            if issubclass(etype, SyntaxError):
+                self.showsyntaxerror(filename, running_compiled_code)
+                return
+            if etype is UsageError:
+                self.show_usage_error(value)
+                return
+            stb = tracebacks.structured(
+                self.InteractiveTB, etype, value, tb, tb_offset=tb_offset, exception_only=exception_only
+            )
+            self._showtraceback(etype, value, stb)
+            if self.call_pdb and not exception_only:
+                self.debugger(force=True)
+        except KeyboardInterrupt:
+            # an interrupt while formatting: say which exception it was (as IPython)
+            print("\n" + tracebacks.one_line(etype, value)[0], file=sys.stderr)
+
+    def showsyntaxerror(self, filename: str | None = None, running_compiled_code: bool = False) -> None:
+        etype, value, tb = self._get_exc_info()
+        try:
+            super().showsyntaxerror(filename, running_compiled_code)
+        except Exception:
+            log.debug("IPython could not format a SyntaxError", exc_info=True)
+            self._showtraceback(etype, value, tracebacks.structured(self.InteractiveTB, etype, value, None))
 
     def _showtraceback(self, etype: type, evalue: BaseException, stb: list[str]) -> None:
         self._last_traceback = stb
-        content = {"traceback": stb, "ename": str(etype.__name__), "evalue": str(evalue)}
+        content = {"traceback": stb, "ename": etype.__name__, "evalue": tracebacks.safe_str(evalue)}
+        if getattr(self.displayhook, "formatting", False):
+            self._formatting_error = content  # the cell's result could not be formatted: the request failed
         self.publisher.send("error", content)
+
+    def _format_exception_for_storage(
+        self, exception: BaseException, filename: str | None = None, running_compiled_code: bool = False
+    ) -> dict[str, Any]:
+        """The history's record of a cell's error; IPython's fails on a str() that raises."""
+        try:
+            return super()._format_exception_for_storage(exception, filename, running_compiled_code)  # type: ignore[no-any-return]
+        except Exception:
+            etype = type(exception)
+            stb = tracebacks.structured(self.InteractiveTB, etype, exception, exception.__traceback__, tb_offset=1)
+            return {"ename": etype.__name__, "evalue": tracebacks.safe_str(exception), "traceback": stb}
+
+    def _user_obj_error(self) -> dict[str, Any]:
+        """A failed user expression (execute_reply ``user_expressions``); IPython's fails on a str() that raises."""
+        etype, evalue, _tb = self._get_exc_info()
+        return {
+            "status": "error",
+            "traceback": tracebacks.exception_lines(self.InteractiveTB, etype, evalue),
+            "ename": etype.__name__,
+            "evalue": tracebacks.safe_str(evalue),
+        }
 
 
 InteractiveShellABC.register(TrikernelShell)
@@ -187,8 +275,11 @@ def create_shell(publisher: Publisher) -> TrikernelShell:
     shell.displayhook.publisher = publisher
     shell.display_pub.publisher = publisher
     shell.autoawait = True
-    shell.loop_runner = "trio"  # what %autoawait reports; cells are awaited in the user run
+    # cells are awaited in the user run; this runner serves only nested synchronous run_cell calls
+    shell.loop_runner = awaitmagics.loop_runner
+    shell.ast_transformers.append(awaitmagics.AwaitInMagics(shell))  # await under %time, %timeit, %%capture
     shell._last_traceback = []
+    shell._formatting_error = None
     return shell
 
 
@@ -234,6 +325,9 @@ async def execute(
     builtins.input = fwd.input if allow_stdin else _no_stdin  # type: ignore[assignment]
     getpass.getpass = fwd.getpass if allow_stdin else _no_stdin  # type: ignore[assignment]
     shell._last_traceback = []
+    shell._formatting_error = None
+    if isinstance(shell.displayhook, TrikernelDisplayHook):
+        shell.displayhook.formatting = False  # left set if the last result's formatting raised out
     try:
         preprocessing_exc_tuple = None
         try:
@@ -242,13 +336,19 @@ async def execute(
             transformed = code
             preprocessing_exc_tuple = sys.exc_info()
         try:
-            result = await shell.run_cell_async(
-                code,
-                store_history=store_history,
-                silent=silent,
-                transformed_cell=transformed,
-                preprocessing_exc_tuple=preprocessing_exc_tuple,
-            )
+            try:
+                result = await shell.run_cell_async(
+                    code,
+                    store_history=store_history,
+                    silent=silent,
+                    transformed_cell=transformed,
+                    preprocessing_exc_tuple=preprocessing_exc_tuple,
+                )
+            except Exception as exc:  # noqa: BLE001 - IPython failed around the cell: shown, answered, never the kernel's
+                log.debug("run_cell_async raised", exc_info=True)
+                shell.showtraceback()
+                result = ExecutionResult(None)
+                result.error_in_exec = exc
             # An interrupt that came while the cell waited on something trio
             # cannot abort (trio.to_thread.run_sync without
             # abandon_on_cancel) is pending until the next checkpoint: take
@@ -267,13 +367,16 @@ async def execute(
 
     reply: dict[str, Any] = {"execution_count": shell.execution_count - 1}
     err = result.error_before_exec or result.error_in_exec
-    if result.success:
+    formatting_error = shell._formatting_error
+    if result.success and formatting_error is None:
         reply["status"] = "ok"
+    elif err is None and formatting_error is not None:
+        reply.update(formatting_error, status="error")
     else:
         reply["status"] = "error"
         reply["traceback"] = shell._last_traceback or []
         reply["ename"] = _ename(err)
-        reply["evalue"] = str(err) if err is not None else ""
+        reply["evalue"] = tracebacks.safe_str(err) if err is not None else ""
     if reply["status"] == "ok":
         reply["user_expressions"] = shell.user_expressions(user_expressions)
     else:
