@@ -108,7 +108,7 @@ class Kernel:
                 TrioSocket(bound.sockets["stdin"], "stdin"),
                 self.user_run,
                 config,
-                (self.bad_input.run, *services),
+                (self.bad_input.run, parse.heap.run, *services),
             )
         )
         self._user_side = UserSideDeps(
