@@ -351,7 +351,7 @@ def _short(value: Any, limit: int = 60) -> str:
 def _expected_words(validator: str, value: Any) -> str:
     if validator == "type":
         kinds = value if isinstance(value, list) else [value]
-        return " or ".join(_TYPE_WORDS.get(k, k) for k in kinds)
+        return " or ".join(_TYPE_WORDS.get(str(k), str(k)) for k in kinds)
     if validator == "enum":
         return "one of " + ", ".join(repr(v) for v in value)
     if validator == "additionalProperties":
@@ -626,15 +626,12 @@ def validate_message(
         return out
     section = SECTIONS[msg_type]
     if channel is not None:
-        if channel not in CHANNELS[msg_type]:
+        if (msg_type, channel) in _DEPRECATED_ON:
+            deprecated = _DEPRECATED_ON[msg_type, channel]
+            out.append(Violation("header.msg_type", deprecated, f"{msg_type} on {channel}", section, True))
+        elif channel not in CHANNELS[msg_type]:
             allowed = " or ".join(sorted(CHANNELS[msg_type]))
             out.append(Violation("header.msg_type", f"{msg_type} on {allowed}", f"{msg_type} on {channel}", section))
-        elif (msg_type, channel) in _DEPRECATED_ON:
-            out.append(
-                Violation(
-                    "header.msg_type", _DEPRECATED_ON[msg_type, channel], f"{msg_type} on {channel}", section, True
-                )
-            )
     if sender is not None:
         allowed_types = CLIENT_TYPES if sender == "client" else KERNEL_TYPES
         if msg_type not in allowed_types:

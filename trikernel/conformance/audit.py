@@ -7,8 +7,8 @@ the first few departures as text. The ``messages.*`` checks report them.
 
 Categories (spec sections in :data:`SECTIONS`):
 
-- ``header``: header fields present and strings (``trikernel.msgspec``),
-  frames that do not parse;
+- ``header``: the envelope: header fields present and strings, the four
+  parts JSON objects, frames that parse (``trikernel.msgspec``);
 - ``msg_id``: unique per message (a copy that reaches a second IOPub
   subscriber is the same message, not a duplicate);
 - ``date``: ISO 8601; ``version``: a ``5.x`` protocol version;
@@ -24,7 +24,6 @@ Caller's thread only.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -32,11 +31,12 @@ from typing import TYPE_CHECKING, Any
 from .. import msgspec
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from .client import Received
 
 CATEGORIES = ("header", "msg_id", "date", "version", "signature", "content", "parent")
 SECTIONS = {
-    "header": msgspec.SEC_HEADER,
+    "header": msgspec.SEC_HEADER + "; " + msgspec.SEC_FORMAT,
     "msg_id": msgspec.SEC_HEADER + " (msg_id: must be unique per message)",
     "date": msgspec.SEC_HEADER + " (date: ISO 8601, mandatory since 5.1)",
     "version": msgspec.SEC_HEADER + " (version, since 5.0)",
@@ -132,8 +132,8 @@ class Audit:
             return "version"
         if f == "header.msg_type" and ("on " in v.expected or "sends" in v.expected or "deprecated" in v.expected):
             return "content"
-        if f.startswith(("header", "parent_header")):
-            return "header"
+        if f.startswith(("header", "parent_header")) or f in ("metadata", "content", "buffers", "message"):
+            return "header"  # the envelope: header fields, and the four parts being objects
         return "content"
 
     def _unique(self, msg: Received, where: str) -> None:

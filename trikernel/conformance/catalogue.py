@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TYPE_CHECKING
 
-from .kernel import Deadlines, KernelUnderTest
 from .snippets import Python, for_language
 from .verdict import Skip, Verdict
+
+if TYPE_CHECKING:
+    from .client import Channels
+    from .kernel import Deadlines, KernelUnderTest
+    from collections.abc import Callable, Iterable
 
 Phase = Literal["shared", "audit", "final", "fresh"]
 PHASES: tuple[Phase, ...] = ("shared", "audit", "final", "fresh")
@@ -42,7 +45,7 @@ class Ctx:
         self.notes: dict[str, Any] = {}
 
     @property
-    def ch(self) -> Any:
+    def ch(self) -> Channels:
         return self.k.ch
 
     @property

@@ -29,7 +29,7 @@ def _traffic(ctx: Ctx) -> None:
         if ctx.has_code:
             code = ctx.code
             ch.run(code.say("conformance audit") + "\n" + code.result, ctx.t.reply)
-            ch.run(code.error, ctx.t.reply)
+            ch.run(code.error, ctx.t.reply, stop_on_error=False)
             ch.run(code.update_display("a", "b"), ctx.t.reply)
             ch.request("shell", "complete_request", {"code": "pri", "cursor_pos": 3}, ctx.t.reply)
             ch.request(
@@ -62,7 +62,7 @@ def _report(ctx: Ctx, category: str, what: str) -> Verdict:
 @check(
     "messages.header",
     SECTIONS["header"],
-    "every header has msg_id, msg_type, session, username as strings; every message parses",
+    "every message parses: four JSON objects; header msg_id, msg_type, session, username are strings",
     phase="audit",
 )
 def messages_header(ctx: Ctx) -> Verdict:

@@ -178,7 +178,7 @@ def execute_user_expressions(ctx: Ctx) -> Verdict:
     "an exception gives an error reply and one IOPub error with the same ename",
 )
 def execute_error(ctx: Ctx) -> Verdict:
-    reply, msgs = ctx.ch.run(ctx.code.error, ctx.t.reply)
+    reply, msgs = ctx.ch.run(ctx.code.error, ctx.t.reply, stop_on_error=False)
     c = reply.content
     errors = [m for m in msgs if m.msg_type == "error"]
     want = ctx.code.error_ename
@@ -265,19 +265,29 @@ def _one_of_each(ctx: Ctx) -> list[tuple[str, dict[str, Any]]]:
     "every request gets exactly one busy and one idle, in that order, parented to it",
 )
 def status_busy_idle(ctx: Ctx) -> Verdict:
+    ch = ctx.ch
     reqs = _one_of_each(ctx)
     bad: list[str] = []
     for label, h in reqs:
         try:
-            ctx.ch.reply(h, ctx.t.reply)
+            ch.reply(h, ctx.t.reply)
         except Fail:
             bad.append(f"{label}: no reply")
-            continue
-        try:
-            msgs = ctx.ch.until_idle(h, ctx.t.reply)
-        except Fail:
-            msgs = ctx.ch.for_parent(h["msg_id"], socket="iopub")
-        states = [m.content.get("execution_state") for m in msgs if m.msg_type == "status"]
+
+    def all_idle() -> bool | None:
+        return all(any(is_idle(m) for m in ch.for_parent(h["msg_id"], socket="iopub")) for _, h in reqs) or None
+
+    try:  # one deadline for all: the replies are in, so every idle is due
+        ch.wait(all_idle, ctx.t.reply, "idle statuses")
+    except Fail:
+        pass
+    ch.pump(0.05)
+    for label, h in reqs:
+        states = [
+            m.content.get("execution_state")
+            for m in ch.for_parent(h["msg_id"], socket="iopub")
+            if m.msg_type == "status"
+        ]
         if states != ["busy", "idle"]:
             bad.append(f"{label}: {states}")
     n = len(reqs)
@@ -331,7 +341,10 @@ def stop_on_error_run_all(ctx: Ctx) -> Verdict:
     statuses = sorted({str(r.content.get("status")) for r in replies})
     after, msgs = run_ok(ctx, code.show(name))
     ran = stream_text(msgs).strip()
-    fig = f"first cell {r0.content.get('status')}; {ran} of {QUEUED} queued cells ran; their replies: {statuses}; a cell sent after ran"
+    fig = (
+        f"first cell {r0.content.get('status')}; {ran} of {QUEUED} queued cells ran; "
+        f"their replies: {statuses}; a cell sent after ran"
+    )
     return verdict(r0.content.get("status") == "error" and ran == "0" and set(statuses) <= {"error", "aborted"}, fig)
 
 

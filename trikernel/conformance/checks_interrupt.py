@@ -28,7 +28,7 @@ MARKER = "CONFORMANCE-STARTED"
 
 def _interrupt(ctx: Ctx, code: str, *, stdin: bool) -> Verdict:
     ch = ctx.ch
-    h = ch.execute(code, allow_stdin=stdin)
+    h = ch.execute(code, allow_stdin=stdin, stop_on_error=False)  # the next cell follows at once
     if stdin:
         input_request_of(ctx, h)
     else:
@@ -43,7 +43,11 @@ def _interrupt(ctx: Ctx, code: str, *, stdin: bool) -> Verdict:
     try:
         reply = ch.reply(h, ctx.t.interrupt, channel="shell")
     except Fail:
-        raise Fail(f"no execute_reply within {ctx.t.interrupt:g} s of the interrupt ({mode} mode)") from None
+        died = "the kernel exited" if not ctx.k.alive() else "the cell still runs"
+        ctx.k.restart()
+        raise Fail(
+            f"no execute_reply within {ctx.t.interrupt:g} s of the interrupt ({mode} mode); {died}; restarted"
+        ) from None
     dt = time.monotonic() - t0
     extra = ""
     if ireq is not None:
@@ -54,7 +58,10 @@ def _interrupt(ctx: Ctx, code: str, *, stdin: bool) -> Verdict:
     c = reply.content
     nxt, msgs = run_ok(ctx, ctx.code.say("conformance after"))
     ran = stream_text(msgs) == "conformance after\n"
-    fig = f"reply {c.get('status')} {c.get('ename') or ''} {dt * 1000:.0f} ms after the interrupt ({mode} mode){extra}; next cell {'ran' if ran else 'did not run'}"
+    fig = (
+        f"reply {c.get('status')} {c.get('ename') or ''} {dt * 1000:.0f} ms after the interrupt ({mode} mode)"
+        f"{extra}; next cell {'ran' if ran else 'did not run'}"
+    )
     return verdict(c.get("status") == "error" and ran, fig)
 
 

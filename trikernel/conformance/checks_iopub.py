@@ -42,6 +42,11 @@ def _welcomes(ctx: Ctx, label: str) -> list[Received]:
     return [m for m in ctx.ch.orphans.get(label, []) if m.msg_type == "iopub_welcome"]
 
 
+def _first_welcome(ctx: Ctx, label: str) -> Received | None:
+    found = _welcomes(ctx, label)
+    return found[0] if found else None
+
+
 def _subscribe(ctx: Ctx, labels: tuple[str, ...], **kw: Any) -> dict[str, float | None]:
     """Connect SUBs ``labels`` together and wait until each is subscribed.
 
@@ -95,13 +100,14 @@ def iopub_welcome(ctx: Ctx) -> Verdict:
     since = ctx.k.connected_at
     try:
         w = ctx.ch.wait(
-            lambda: (_welcomes(ctx, "iopub") or [None])[0],
+            lambda: _first_welcome(ctx, "iopub"),
             max(0.0, since + ctx.t.welcome - time.monotonic()),
             "welcome",
         )
     except Fail:
         return failed(
-            f"no iopub_welcome within {ctx.t.welcome:g} s of connecting ({ctx.ch.received.get('iopub', 0)} other messages arrived)"
+            f"no iopub_welcome within {ctx.t.welcome:g} s of connecting "
+            f"({ctx.ch.received.get('iopub', 0)} other messages arrived)"
         )
     sub = w.content.get("subscription")
     parent = w.as_dict()["parent_header"]
@@ -218,7 +224,8 @@ def iopub_flood(ctx: Ctx) -> Verdict:
     got = text.splitlines()
     first_bad = next((i for i, line in enumerate(got) if line != str(i)), len(got))
     return failed(
-        f"{len(got):,} of {FLOOD_LINES:,} lines; first departure at line {first_bad:,} ({count[0]:,} messages, {dt:.1f} s)"
+        f"{len(got):,} of {FLOOD_LINES:,} lines; first departure at line {first_bad:,} "
+        f"({count[0]:,} messages, {dt:.1f} s)"
     )
 
 

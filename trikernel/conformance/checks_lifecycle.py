@@ -139,7 +139,7 @@ def startup_handshake_p(ctx: Ctx) -> Verdict:
     t0 = time.monotonic()
     try:
         registration = None
-        rejected = []
+        rejected: list[str] = []
         while registration is None:
             if time.monotonic() - t0 > ctx.t.start:
                 return failed(
@@ -168,9 +168,11 @@ def startup_handshake_p(ctx: Ctx) -> Verdict:
         info: dict[str, Any] = {"transport": "tcp", "ip": "127.0.0.1", "key": key, "signature_scheme": "hmac-sha256"}
         info.update({name: registration.ports[name] for name in PORT_NAMES})
         ch = Channels(info, ctx.k.audit, zctx)
+        ch.wait_connected(ctx.t.start)
         h = ch.send("shell", "kernel_info_request", {})
         reply = ch.reply(h, ctx.t.start)
-        fig = f"registered in dialect {registration.dialect.value} after {dt:.2f} s; kernel_info {reply.content.get('status')}"
+        fig = f"registered in dialect {registration.dialect.value} after {dt:.2f} s; "
+        fig += f"kernel_info {reply.content.get('status')}"
         if registration.dialect is not Dialect.P:
             return failed(fig + " (a P launcher's REP socket cannot read the J short form)")
         return passed(fig)
@@ -212,7 +214,8 @@ def _session_now(ctx: Ctx) -> str:
 @check(
     "lifecycle.restart",
     S["shutdown_reply"] + "; " + msgspec.SEC_HEADER + " (kernel session id regenerated on restart)",
-    "shutdown_request(restart=True) is answered with restart true, the process exits, the restarted kernel has a new session",
+    "shutdown_request(restart=True) is answered with restart true, the process exits, "
+    "the restarted kernel has a new session",
     phase="final",
 )
 def lifecycle_restart(ctx: Ctx) -> Verdict:
@@ -223,7 +226,10 @@ def lifecycle_restart(ctx: Ctx) -> Verdict:
     exited = f"exited (code {code}) after {waited:.2f} s" if code is not None else f"still running after {waited:.0f} s"
     ctx.k.restart()
     after = _session_now(ctx)
-    fig = f"shutdown_reply {c.get('status')} restart={c.get('restart')!r}; {exited}; restarted in {ctx.k.started_in:.1f} s, session {'new' if after != before else 'unchanged'}"
+    fig = (
+        f"shutdown_reply {c.get('status')} restart={c.get('restart')!r}; {exited}; "
+        f"restarted in {ctx.k.started_in:.1f} s, session {'new' if after != before else 'unchanged'}"
+    )
     return verdict(c.get("status") == "ok" and c.get("restart") is True and code is not None and after != before, fig)
 
 

@@ -55,7 +55,10 @@ def _complete(ctx: Ctx, prefix_text: str) -> Verdict:
     c = r.content
     start, end = c.get("cursor_start"), c.get("cursor_end")
     found = name in (c.get("matches") or [])
-    fig = f"cursor_pos {pos}: match {'found' if found else 'missing'}, cursor_start {start} (expected {pos - len(typed)}), cursor_end {end} (expected {pos})"
+    fig = (
+        f"cursor_pos {pos}: match {'found' if found else 'missing'}, "
+        f"cursor_start {start} (expected {pos - len(typed)}), cursor_end {end} (expected {pos})"
+    )
     return verdict(found and start == pos - len(typed) and end == pos, fig)
 
 
@@ -85,7 +88,10 @@ def inspect(ctx: Ctx) -> Verdict:
         "inspect_request",
         {"code": code.inspect_missing, "cursor_pos": len(code.inspect_missing), "detail_level": 0},
     )
-    fig = f"{code.inspect_found!r}: found {r.content.get('found')}, {len(text)} chars of text/plain; {code.inspect_missing!r}: found {r2.content.get('found')}"
+    fig = (
+        f"{code.inspect_found!r}: found {r.content.get('found')}, {len(text)} chars of text/plain; "
+        f"{code.inspect_missing!r}: found {r2.content.get('found')}"
+    )
     return verdict(r.content.get("found") is True and bool(text) and r2.content.get("found") is False, fig)
 
 
@@ -139,7 +145,8 @@ def history_range(ctx: Ctx) -> Verdict:
     have = all(c in got for c in cells)
     return verdict(
         have and lines_ok,
-        f"{len(entries)} entries; our 3 cells {'present' if have else 'missing'}; line numbers {'in' if lines_ok else 'out of'} range",
+        f"{len(entries)} entries; our 3 cells {'present' if have else 'missing'}; "
+        f"line numbers {'in' if lines_ok else 'out of'} range",
     )
 
 
@@ -196,7 +203,8 @@ def _comm_iopub(ctx: Ctx, h: dict[str, Any], msg_type: str) -> list[Received]:
 @check(
     "comm.lifecycle",
     S["comm_open"] + "; " + S["comm_msg"] + "; " + S["comm_close"],
-    "comm_open to a registered target, comm_msg echoed, comm_info lists it, comm_close removes it; busy/idle around each",
+    "comm_open to a registered target, comm_msg echoed, comm_info lists it, comm_close removes it; "
+    "busy/idle around each",
 )
 def comm_lifecycle(ctx: Ctx) -> Verdict:
     ch = ctx.ch
@@ -223,7 +231,8 @@ def comm_lifecycle(ctx: Ctx) -> Verdict:
     left = _comm_ids(ctx, target)
     return verdict(
         cid not in left,
-        f"opened, listed, echoed {{'x': 1}}, closed; after close comm_info {'still lists it' if cid in left else 'is empty'}",
+        "opened, listed, echoed {'x': 1}, closed; "
+        f"after close comm_info {'still lists it' if cid in left else 'is empty'}",
     )
 
 
@@ -263,7 +272,10 @@ def debug_info(ctx: Ctx) -> Verdict:
     if bad:
         return failed("; ".join(str(v) for v in bad[:2]))
     body = c.get("body") or {}
-    fig = f"success {c.get('success')}, command {c.get('command')!r}, request_seq {c.get('request_seq')}, body keys {sorted(body)[:4]}"
+    fig = (
+        f"success {c.get('success')}, command {c.get('command')!r}, "
+        f"request_seq {c.get('request_seq')}, body keys {sorted(body)[:4]}"
+    )
     ok = c.get("success") is True and c.get("command") == "debugInfo" and "isStarted" in body
     return verdict(ok, fig)
 

@@ -238,5 +238,8 @@ def heartbeat_busy(ctx: Ctx) -> Verdict:
     missed = sum(r is None for r in rtts)
     still_busy = not any(is_idle(m) for m in ch.for_parent(h["msg_id"], socket="iopub") if m.arrival < end)
     worst = max((r for r in rtts if r is not None), default=0.0)
-    fig = f"{len(rtts) - missed} of {len(rtts)} pings echoed during the busy cell (max {worst * 1000:.1f} ms); cell {reply.content.get('status')}"
+    fig = (
+        f"{len(rtts) - missed} of {len(rtts)} pings echoed during the busy cell "
+        f"(max {worst * 1000:.1f} ms); cell {reply.content.get('status')}"
+    )
     return verdict(missed == 0 and still_busy, fig)

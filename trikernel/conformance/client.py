@@ -27,15 +27,17 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TYPE_CHECKING
 
 import zmq
 
-from .audit import Audit
 from .verdict import Fail
+
+if TYPE_CHECKING:
+    from .audit import Audit
+    from collections.abc import Callable, Iterable, Mapping
 
 T = TypeVar("T")
 DELIM = b"<IDS|MSG>"
@@ -158,6 +160,7 @@ class Channels:
         self.session = uuid.uuid4().hex
         self.identity = f"conformance-{uuid.uuid4().hex[:12]}".encode()
         self.sockets: dict[str, zmq.Socket[Any]] = {}
+        self._monitors: dict[str, zmq.Socket[Any]] = {}
         self.channel_of: dict[str, str] = {}
         self.poller = zmq.Poller()
         self.sent: dict[str, dict[str, Any]] = {}
@@ -184,7 +187,7 @@ class Channels:
     def _open(
         self, label: str, channel: str, identity: bytes | None = None, rcvhwm: int | None = None
     ) -> zmq.Socket[Any]:
-        sock = self.context.socket(CHANNEL_TYPES[channel])
+        sock: zmq.Socket[Any] = self.context.socket(CHANNEL_TYPES[channel])
         sock.linger = 0
         if identity:
             sock.identity = identity
@@ -197,12 +200,32 @@ class Channels:
             sock.curve_secretkey, sock.curve_publickey, sock.curve_serverkey = sk, pk, pk
         if channel == "iopub":
             sock.setsockopt(zmq.SUBSCRIBE, b"")
+        if channel in ("shell", "control", "stdin"):
+            self._monitors[label] = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sock.connect(self.url(channel))
         if channel != "hb":
             self.sockets[label] = sock
             self.channel_of[label] = channel
             self.poller.register(sock, zmq.POLLIN)
         return sock
+
+    def wait_connected(self, timeout: float, alive: Callable[[], bool] | None = None) -> None:
+        """Block until the shell, control and stdin DEALERs have finished the
+        ZMTP handshake with the kernel (a ROUTER drops what it sends to an
+        identity not yet connected: an input_request sent before the stdin
+        DEALER is connected is lost). Raises Timeout after ``timeout`` s, or
+        Fail as soon as ``alive()`` says the kernel is gone."""
+        deadline = time.monotonic() + timeout
+        for label, mon in list(self._monitors.items()):
+            while not mon.poll(100):
+                if alive is not None and not alive():
+                    raise Fail(f"{label}: the kernel is gone before it accepted a connection")
+                if time.monotonic() > deadline:
+                    raise Timeout(f"{label}: not connected to the kernel within {timeout:g} s")
+            mon.recv_multipart()
+            self.sockets[label].disable_monitor()
+            mon.close(linger=0)
+            del self._monitors[label]
 
     def subscribe(self, label: str, *, rcvhwm: int | None = None, register: bool = True) -> zmq.Socket[Any]:
         """A new IOPub SUB (subscribed to everything) named ``label``.
@@ -233,6 +256,9 @@ class Channels:
             sock.close(linger=0)
 
     def close(self) -> None:
+        for mon in self._monitors.values():
+            mon.close(linger=0)
+        self._monitors.clear()
         for label in list(self.sockets):
             self.close_socket(label)
         if self._hb is not None:
@@ -366,7 +392,21 @@ class Channels:
             raw = tuple(dicts)
             dicts = [d if isinstance(d, dict) else {} for d in dicts]
         self.seq += 1
-        return Received(label, channel, self.seq, time.monotonic(), frames[:i], *dicts, frames[i + 6 :], ok, raw)
+        header, parent, metadata, content = dicts
+        return Received(
+            label,
+            channel,
+            self.seq,
+            time.monotonic(),
+            frames[:i],
+            header,
+            parent,
+            metadata,
+            content,
+            frames[i + 6 :],
+            ok,
+            raw,
+        )
 
     def wait(self, probe: Callable[[], T | None], timeout: float, what: str) -> T:
         """Pump until ``probe()`` returns non-None; raise Timeout(what) after ``timeout`` s."""

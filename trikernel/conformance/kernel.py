@@ -24,18 +24,20 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import zmq
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import KernelManager
 
 from ..provisioner import wants_handshake
-from .audit import Audit
 from .client import Channels, Received, Timeout
 from .verdict import Fail
+
+if TYPE_CHECKING:
+    from .audit import Audit
+    from collections.abc import Iterator
 
 log = logging.getLogger("trikernel.conformance")
 
@@ -60,7 +62,7 @@ class Deadlines:
         return cls(**{k: getattr(base, k) * scale for k in base.__dataclass_fields__})
 
 
-class HandshakeSpecs(KernelSpecManager):  # type: ignore[misc]
+class HandshakeSpecs(KernelSpecManager):
     """KernelSpecManager that routes JEP 66 kernelspecs to trikernel-handshake.
 
     Only kernelspecs that declare the handshake and name no provisioner are
@@ -173,6 +175,14 @@ class KernelUnderTest:
         assert self.km is not None
         self._ch = Channels(self.km.get_connection_info(), self.audit, self.context)
         self.connected_at = time.monotonic()
+        try:
+            self._ch.wait_connected(self.t.start, self.alive)
+        except Fail as exc:
+            if not self.alive():
+                raise Fail(
+                    f"the kernel exited during start-up with code {self.exit_code()} (log: {self.log_tail()})"
+                ) from None
+            raise Fail(f"{exc} (log: {self.log_tail()})") from None
         self.info = self._wait_ready()
         self.ready_in = time.monotonic() - self.connected_at
 
@@ -246,6 +256,7 @@ class KernelUnderTest:
             self._ch.close()
             self._ch = None
         if self.km is not None and self.km.has_kernel:
+            self.km.shutdown_wait_time = min(5.0, self.t.exit)
             try:
                 self.km.shutdown_kernel(now=not self.alive())
             except Exception as exc:
@@ -300,13 +311,13 @@ class KernelUnderTest:
             return None
         if self.alive():
             try:
-                self.fence(code, self.t.reply)
+                self.fence(code, self.t.interrupt)
                 return None
             except Fail:
                 pass
             try:
                 self.interrupt()
-                self.fence(code, self.t.reply)
+                self.fence(code, self.t.interrupt)
                 return "interrupted a request still running"
             except Fail:
                 pass

@@ -15,9 +15,8 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from jupyter_client.kernelspec import NoSuchKernel
 
@@ -25,6 +24,9 @@ from .audit import Audit
 from .catalogue import Check, Ctx, select
 from .kernel import Deadlines, KernelUnderTest
 from .verdict import Fail, Skip, Status, Verdict, failed, skipped
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
 
 log = logging.getLogger("trikernel.conformance")
 
