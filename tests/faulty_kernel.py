@@ -75,6 +75,25 @@ FAULTS = {
     "lossy-pub": "IOPub drops messages for a slow subscriber (no XPUB_NODROP)",
     "handshake-j-only": "a registration file without kernel_id still gets the dialect J short form",
     "debug-failure": "debugInfo is answered with success false",
+    "handshake-p-only": "a dialect J registration file gets the dialect P form",
+    "hb-wrong-port": "the heartbeat is bound to a random port, not the connection file's",
+    "hb-garbled": "the heartbeat echoes other bytes",
+    "reply-on-stdin": "stray messages on stdin are answered on stdin",
+    "no-control-kernel-info": "kernel_info_request on control goes unanswered",
+    "kernel-info-incomplete": "kernel_info_reply's language_info has only a name",
+    "stdout-as-stderr": "print() output is published as stderr",
+    "result-count-off": "execute_result carries the wrong execution_count",
+    "counter-stuck": "the execution counter never advances",
+    "no-user-expressions": "user_expressions come back empty",
+    "display-id-mismatch": "update_display_data uses another display_id",
+    "always-complete": "is_complete says complete for any code",
+    "no-matches": "complete_reply never has matches",
+    "always-found": "inspect finds any name",
+    "no-history": "history_reply is always empty",
+    "comms-as-list": "comm_info_reply's comms is a list",
+    "comm-no-dispatch": "comm_msg never reaches the comm's handler",
+    "abort-despite-false": "stop_on_error=False still aborts the queue",
+    "no-shutdown-reply": "shutdown_request is not answered (the process still exits)",
 }
 
 DELIM = b"<IDS|MSG>"
@@ -113,7 +132,7 @@ class FaultyKernel:
             self.iopub.bind(f"{url}{info['iopub_port']}")
         else:
             self.iopub.bind_to_random_port(url.rstrip(":"))
-        self.hb = self._bind(zmq.REP, url, info.get("hb_port", 0))
+        self.hb = self._bind(zmq.REP, url, 0 if "hb-wrong-port" in faults else info.get("hb_port", 0))
         self.seen: set[bytes] = set()
         self.count = 1
         self.history: list[tuple[int, int, str]] = []
@@ -154,7 +173,8 @@ class FaultyKernel:
             f"tcp://{info.get('registration_ip') or info.get('ip', '127.0.0.1')}:{info['registration_port']}"
         )
         ports = self.ports()
-        if "kernel_id" in info or "registration_ip" in info or "handshake-j-only" in self.faults:
+        j_form = "kernel_id" in info or "registration_ip" in info or "handshake-j-only" in self.faults
+        if j_form and "handshake-p-only" not in self.faults:
             body = json.dumps(
                 {"kernel_id": info.get("kernel_id", ""), **{k: str(v) for k, v in ports.items()}}
             ).encode()
@@ -288,7 +308,8 @@ class FaultyKernel:
     def _heartbeat(self) -> None:
         while self.running:
             if self.hb.poll(100):
-                self.hb.send(self.hb.recv())
+                data = self.hb.recv()
+                self.hb.send(data[::-1] + b"!" if "hb-garbled" in self.faults else data)
 
     def check_subscriptions(self) -> None:
         while True:
@@ -311,7 +332,11 @@ class FaultyKernel:
         sock = {"shell": self.shell, "control": self.control, "stdin": self.stdin}[channel]
         t = msg["header"]["msg_type"]
         if channel == "stdin":
+            if "reply-on-stdin" in self.faults:
+                self.send(self.stdin, "conformance_reply", {"status": "ok"}, msg["header"], msg["idents"])
             return  # nothing is pending: stray input_reply and unknown types are ignored
+        if channel == "control" and t == "kernel_info_request" and "no-control-kernel-info" in self.faults:
+            return
         handler = getattr(self, "do_" + t[: -len("_request")], None) if t.endswith("_request") else None
         if t in ("comm_open", "comm_msg", "comm_close"):
             handler = getattr(self, "do_" + t)
@@ -350,7 +375,9 @@ class FaultyKernel:
             "protocol_version": "5.5",
             "implementation": "faulty",
             "implementation_version": "0.1",
-            "language_info": {
+            "language_info": {"name": "python"}
+            if "kernel-info-incomplete" in self.faults
+            else {
                 "name": "python",
                 "version": sys.version.split()[0],
                 "mimetype": "text/x-python",
@@ -385,7 +412,9 @@ class FaultyKernel:
             "body": body if ok else {},
         }
 
-    def do_shutdown(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def do_shutdown(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        if "no-shutdown-reply" in self.faults:
+            return None
         restart = bool(msg["content"].get("restart", False)) and "restart-false" not in self.faults
         return {"status": "ok", "restart": restart}
 
@@ -394,10 +423,8 @@ class FaultyKernel:
 
     def do_comm_info(self, msg: dict[str, Any]) -> dict[str, Any]:
         target = msg["content"].get("target_name")
-        return {
-            "status": "ok",
-            "comms": {cid: {"target_name": c.target} for cid, c in self.comms.items() if target in (None, c.target)},
-        }
+        comms = {cid: {"target_name": c.target} for cid, c in self.comms.items() if target in (None, c.target)}
+        return {"status": "ok", "comms": list(comms) if "comms-as-list" in self.faults else comms}
 
     def do_comm_open(self, msg: dict[str, Any]) -> None:
         c = msg["content"]
@@ -414,7 +441,7 @@ class FaultyKernel:
     def do_comm_msg(self, msg: dict[str, Any]) -> None:
         self.parent = msg["header"]
         comm = self.comms.get(msg["content"].get("comm_id"))
-        if comm is not None and comm.callback is not None:
+        if comm is not None and comm.callback is not None and "comm-no-dispatch" not in self.faults:
             comm.callback(msg)
 
     def do_comm_close(self, msg: dict[str, Any]) -> None:
@@ -426,6 +453,8 @@ class FaultyKernel:
             compiled = codeop.compile_command(code, "<cell>", "exec")
         except (SyntaxError, ValueError, OverflowError):
             return {"status": "invalid"}
+        if "always-complete" in self.faults:
+            return {"status": "complete"}
         if compiled is None:
             return {"status": "incomplete", "indent": "    " if code.rstrip().endswith(":") else ""}
         return {"status": "complete"}
@@ -453,7 +482,7 @@ class FaultyKernel:
         code = msg["content"].get("code", "")
         pos = self._cursor(code, int(msg["content"].get("cursor_pos", len(code))))
         start, word = self._word(code, pos)
-        matches = [n for n in self._names() if n.startswith(word)] if word else []
+        matches = [n for n in self._names() if n.startswith(word)] if word and "no-matches" not in self.faults else []
         return {"status": "ok", "matches": matches, "cursor_start": start, "cursor_end": pos, "metadata": {}}
 
     def do_inspect(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -461,6 +490,8 @@ class FaultyKernel:
         pos = self._cursor(code, int(msg["content"].get("cursor_pos", len(code))))
         _, word = self._word(code, pos)
         obj = self.ns.get(word, getattr(builtins, word, None)) if word else None
+        if obj is None and "always-found" in self.faults:
+            obj = word
         if obj is None:
             return {"status": "ok", "found": False, "data": {}, "metadata": {}}
         return {
@@ -481,7 +512,7 @@ class FaultyKernel:
         elif kind == "search":
             pat = str(c.get("pattern", "*"))
             entries = [e for e in entries if fnmatch.fnmatchcase(e[2], pat)][-int(c.get("n", 10) or 10) :]
-        return {"status": "ok", "history": [list(e) for e in entries]}
+        return {"status": "ok", "history": [] if "no-history" in self.faults else [list(e) for e in entries]}
 
     # -- execute ---------------------------------------------------------------
     abort_after = False
@@ -494,14 +525,15 @@ class FaultyKernel:
         self.allow_stdin = bool(c.get("allow_stdin", True))
         self.parent, self.idents = msg["header"], msg["idents"]
         n = self.count
-        if store or "count-unstored" in self.faults:
+        if (store or "count-unstored" in self.faults) and "counter-stuck" not in self.faults:
             self.count += 1
         if store:
             self.history.append((1, n, code))
         if not self.silent and "input-after-output" not in self.faults:
             self.send(self.iopub, "execute_input", {"code": code, "execution_count": n}, self.parent)
         out, err = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = Stream(self, "stdout"), Stream(self, "stderr")
+        sys.stdout = Stream(self, "stderr" if "stdout-as-stderr" in self.faults else "stdout")
+        sys.stderr = Stream(self, "stderr")
         error = None
         try:
             self._run(code, n)
@@ -516,7 +548,9 @@ class FaultyKernel:
         reply: dict[str, Any] = {
             "status": "ok",
             "execution_count": n,
-            "user_expressions": self._expressions(c.get("user_expressions") or {}),
+            "user_expressions": {}
+            if "no-user-expressions" in self.faults
+            else self._expressions(c.get("user_expressions") or {}),
             "payload": [],
         }
         self.abort_after = False
@@ -526,9 +560,8 @@ class FaultyKernel:
             if not self.silent:
                 self.send(self.iopub, "error", err_content, self.parent)
             reply = {"status": "error", "execution_count": n, **err_content}
-            self.abort_after = (
-                bool(c.get("stop_on_error", True)) and not bool(c.get("silent")) and "no-abort" not in self.faults
-            )
+            stop = bool(c.get("stop_on_error", True)) or "abort-despite-false" in self.faults
+            self.abort_after = stop and not bool(c.get("silent")) and "no-abort" not in self.faults
         if "no-execution-count" in self.faults:
             reply.pop("execution_count")
         return reply
@@ -544,7 +577,11 @@ class FaultyKernel:
                 self.send(
                     self.iopub,
                     "execute_result",
-                    {"execution_count": n, "data": {"text/plain": repr(value)}, "metadata": {}},
+                    {
+                        "execution_count": n + ("result-count-off" in self.faults),
+                        "data": {"text/plain": repr(value)},
+                        "metadata": {},
+                    },
                     self.parent,
                 )
 
@@ -613,10 +650,11 @@ class FaultyKernel:
                 self.display_id = display_id
 
             def update(self, obj: Any) -> None:
+                display_id = uuid.uuid4().hex if "display-id-mismatch" in kernel.faults else self.display_id
                 kernel.send(
                     kernel.iopub,
                     "update_display_data",
-                    {"data": {"text/plain": repr(obj)}, "metadata": {}, "transient": {"display_id": self.display_id}},
+                    {"data": {"text/plain": repr(obj)}, "metadata": {}, "transient": {"display_id": display_id}},
                     kernel.parent,
                 )
 

@@ -341,9 +341,28 @@ FAULT_CHECKS: dict[str, list[str]] = {
     "lossy-pub": ["iopub.slow_subscriber"],
     "handshake-j-only": ["startup.handshake_p"],
     "debug-failure": ["debug.info"],
+    "handshake-p-only": ["startup.handshake_j"],
+    "hb-wrong-port": ["startup.ports", "heartbeat.echo"],
+    "hb-garbled": ["heartbeat.echo", "heartbeat.busy"],
+    "reply-on-stdin": ["bad_input.stdin"],
+    "no-control-kernel-info": ["kernel_info.control"],
+    "kernel-info-incomplete": ["kernel_info.shell"],
+    "stdout-as-stderr": ["execute.stream"],
+    "result-count-off": ["execute.result"],
+    "counter-stuck": ["execute.counter"],
+    "no-user-expressions": ["execute.user_expressions"],
+    "display-id-mismatch": ["execute.display"],
+    "always-complete": ["is_complete"],
+    "no-matches": ["complete", "complete.non_bmp"],
+    "always-found": ["inspect"],
+    "no-history": ["history.tail", "history.range", "history.search"],
+    "comms-as-list": ["comm_info"],
+    "comm-no-dispatch": ["comm.lifecycle"],
+    "abort-despite-false": ["stop_on_error.false"],
+    "no-shutdown-reply": ["lifecycle.shutdown"],
 }
 #: Faults that need a kernelspec declaring JEP 66.
-HANDSHAKE_FAULTS = {"handshake-j-only"}
+HANDSHAKE_FAULTS = {"handshake-j-only", "handshake-p-only"}
 #: Deadlines shrink for faults that make the suite wait them out.
 SCALE = 0.3
 
@@ -370,8 +389,9 @@ def _name(fault: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def faulty_specs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A JUPYTER_PATH entry with the faulty kernel, clean and with each fault."""
+def faulty_specs(jupyter_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A JUPYTER_PATH entry with the faulty kernel, clean and with each fault
+    (after conftest's session entry, so that each restores what it found)."""
     root = str(tmp_path_factory.mktemp("conformance-jupyter"))
     _spec(root, "conformance-faulty", [])
     _spec(root, "conformance-faulty-hs", [], protocol="5.6")
@@ -395,10 +415,12 @@ def _table(report: Report, status: str | None = None) -> str:
     return "\n".join(f"{r.status} {r.name}: {r.figure}" for r in report.rows if status in (None, r.status))
 
 
-def test_fault_table_covers_every_fault() -> None:
+def test_every_check_has_a_fault_that_fails_it() -> None:
+    """The fault table covers every fault of the faulty kernel and every
+    check of the catalogue: each check is shown to fail when it should."""
     assert set(FAULT_CHECKS) == set(FAULTS)
     names = {c.name for c in catalogue()}
-    assert {c for checks in FAULT_CHECKS.values() for c in checks} <= names
+    assert {c for checks in FAULT_CHECKS.values() for c in checks} == names
 
 
 @pytest.fixture(scope="module")
@@ -538,6 +560,16 @@ def test_trikernel_passes_every_check() -> None:
     report = run("trikernel")
     assert len(report.rows) == len(catalogue())
     assert not report.failed, "trikernel departs from the spec:\n" + _table(report, "FAIL")
+
+
+@pytest.mark.timeout(300)
+def test_interrupts_in_message_mode(jupyter_path: str) -> None:
+    """interrupt_mode 'message': the suite interrupts with its own
+    interrupt_request on control and checks the interrupt_reply too."""
+    report = run("trikernel-test-message", ["interrupt"])
+    assert not report.failed, _table(report)
+    for row in report.rows:
+        assert "(message mode); interrupt_reply ok" in row.figure, row.figure
 
 
 @pytest.mark.timeout(600)
