@@ -264,19 +264,24 @@ def iopub_slow_subscriber(ctx: Ctx) -> Verdict:
         while time.monotonic() < pause_end:  # the slow subscriber does not read
             ch.pump(min(0.05, max(0.0, pause_end - time.monotonic())))
 
-        quiet_since = [time.monotonic()]
+        # then both read as fast as they can, until each has its idle (or, on a
+        # kernel that drops, nothing more has come for a second)
+        last = {label: [0, time.monotonic()], "iopub": [0, time.monotonic()]}
 
-        def slow_done() -> bool | None:
-            if ch.drain(label, limit=200):
-                quiet_since[0] = time.monotonic()
-            if any(is_idle(m) for m in ch.for_parent(h["msg_id"], socket=label)):
+        def done(sock: str) -> bool:
+            if any(is_idle(m) for m in ch.for_parent(h["msg_id"], socket=sock)):
                 return True
-            # the reading subscriber is done and nothing more is queued for the slow one: it lost the rest
-            return time.monotonic() - quiet_since[0] > 1.0 or None
+            now, n = time.monotonic(), ch.received.get(sock, 0)
+            if n != last[sock][0]:
+                last[sock] = [n, now]
+            return now - last[sock][1] > 1.0
 
-        ch.reply(h, ctx.t.flood)
-        ch.until_idle(h, ctx.t.flood)
-        ch.wait(slow_done, ctx.t.flood, "the slow subscriber's backlog")
+        def both_done() -> bool | None:
+            ch.drain(label, limit=200)
+            replied = any(m.channel == "shell" for m in ch.for_parent(h["msg_id"]))
+            return (replied and done("iopub") and done(label)) or None
+
+        ch.wait(both_done, ctx.t.flood, "the reply and both subscribers' idle")
         dt = time.monotonic() - t0
     finally:
         ch.sinks.clear()
