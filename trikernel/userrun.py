@@ -116,6 +116,10 @@ class UserRun:
     when the run has returned).
     """
 
+    #: False for a run on another thread (a subshell, subshells.py): signals
+    #: are the main thread's, so the SIGINT handling here is skipped
+    on_main_thread = True
+
     def __init__(self) -> None:
         self.token: trio.lowlevel.TrioToken | None = None
         self.stopped = threading.Event()
@@ -188,7 +192,8 @@ class UserRun:
         ``setup(nursery)`` runs first (IPython is loaded there); then
         ``on_ready()`` tells the io side that jobs may be submitted.
         """
-        _enable_sigint()
+        if self.on_main_thread:
+            _enable_sigint()
         try:
             trio.run(self._main, setup, on_ready)
         except BaseException as exc:
@@ -199,12 +204,16 @@ class UserRun:
                 raise
 
     async def _main(self, setup: Callable[[trio.Nursery], None], on_ready: Callable[[], None]) -> None:
-        self._trio_sigint = signal.getsignal(signal.SIGINT)  # installed by trio.run
+        if self.on_main_thread:
+            self._trio_sigint = signal.getsignal(signal.SIGINT)  # installed by trio.run
         send, recv = trio.open_memory_channel[Job | _Stop](SEQ_BUFFER)
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
-                _protected_setup(setup, nursery)
+                if self.on_main_thread:
+                    _protected_setup(setup, nursery)
+                else:
+                    setup(nursery)
                 self._send = send
                 self.token = trio.lowlevel.current_trio_token()
                 on_ready()
