@@ -29,7 +29,9 @@ from typing import Any
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-from _common import RESULTS_DIR, available_kernels, kernel, label, machine, md_table, now_iso, ratio, versions, write_json
+from _common import (  # noqa: E402 - after the path entry
+    RESULTS_DIR, available_kernels, kernel, label, machine, md_table, now_iso, ratio, versions, write_json,
+)
 
 
 #: Seconds a comm_msg may wait for its answer before it counts as blocked.

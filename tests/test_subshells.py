@@ -10,12 +10,15 @@ docs/subshells.md has the measured figures.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from conftest import TIMEOUT, ValidatingClient, start_kernel, stop_kernel
-from jupyter_client.manager import KernelManager
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from jupyter_client.manager import KernelManager
 
 
 class Wire:
@@ -93,7 +96,9 @@ class Wire:
 
 
 def stdout(outputs: list[dict[str, Any]]) -> str:
-    return "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+    return "".join(
+        m["content"]["text"] for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == "stdout"
+    )
 
 
 def states(outputs: list[dict[str, Any]]) -> list[str]:
@@ -110,8 +115,10 @@ def wire(jupyter_path: str) -> Iterator[Wire]:
 
 
 @pytest.fixture
-def fresh(jupyter_path: str, tmp_path: Any) -> Iterator[tuple[KernelManager, Wire]]:
-    km, kc = start_kernel("trikernel-test-message", stderr=open(tmp_path / "kernel.log", "w"))  # noqa: SIM115
+def fresh(jupyter_path: str, tmp_path: Any, request: pytest.FixtureRequest) -> Iterator[tuple[KernelManager, Wire]]:
+    """A kernel of its own; ``request.param``: the interrupt mode (default message)."""
+    mode = getattr(request, "param", "message")
+    km, kc = start_kernel(f"trikernel-test-{mode}", stderr=open(tmp_path / "kernel.log", "w"))  # noqa: SIM115
     yield km, Wire(kc)
     stop_kernel(km, kc)
 
@@ -144,12 +151,12 @@ def test_create_list_delete(wire: Wire) -> None:
 
 def test_unknown_subshell_ids_are_errors(wire: Wire) -> None:
     content = wire.delete("no-such-subshell")
-    assert content["status"] == "error" and content["ename"] == "UnknownSubshellError"
+    assert (content["status"], content["ename"]) == ("error", "UnknownSubshellError")
     assert "no-such-subshell" in content["evalue"]
     assert wire.control("delete_subshell_request", {})["content"]["ename"] == "UnknownSubshellError"
     msg_id = wire.execute("1 + 1", "no-such-subshell")
     reply = wire.reply(msg_id)
-    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "UnknownSubshellError"
+    assert (reply["content"]["status"], reply["content"]["ename"]) == ("error", "UnknownSubshellError")
     assert states(wire.outputs(msg_id)) == ["busy", "idle"]
     # a comm message (no reply): busy/idle, so the client sees it handled
     comm_id = wire.send("comm_msg", {"comm_id": "nope", "data": {}}, "no-such-subshell")
@@ -163,7 +170,7 @@ def test_subshell_runs_on_its_own_thread_and_ends_when_deleted(wire: Wire) -> No
     during = stdout(wire.run(code)[1]).split()
     assert int(during[0]) == int(before[0]) + 1
     in_subshell = stdout(wire.run(code, subshell_id)[1]).split()
-    assert in_subshell[1] == "False" and before[1] == "True"
+    assert (in_subshell[1], before[1]) == ("False", "True")
     wire.delete(subshell_id)  # idle: its thread has ended when the reply leaves
     assert stdout(wire.run(code)[1]).split()[0] == before[0]
 
@@ -173,9 +180,10 @@ def test_subshell_magic_prints_what_ipykernel_prints(wire: Wire, subshell: str) 
     sub = stdout(wire.run("%subshell", subshell)[1]).splitlines()
     keys = ["subshell id", "thread id", "main thread id", "pid", "thread count", "subshell list"]
     assert [line.split(":")[0] for line in main] == keys
-    assert main[0] == "subshell id: None" and sub[0] == f"subshell id: {subshell}"
+    assert (main[0], sub[0]) == ("subshell id: None", f"subshell id: {subshell}")
     assert f"subshell list: ['{subshell}']" in sub
-    assert sub[1] != main[1] and sub[2] == main[2] == main[1].replace("thread id", "main thread id")
+    assert sub[1] != main[1]
+    assert sub[2] == main[2] == main[1].replace("thread id", "main thread id")
 
 
 # -- concurrency ------------------------------------------------------------------------
@@ -287,7 +295,7 @@ def test_stop_on_error_is_per_subshell(wire: Wire) -> None:
     assert wire.reply(failing)["content"]["status"] == "error"
     for msg_id in queued:
         content = wire.reply(msg_id)["content"]
-        assert content["status"] == "error" and content["ename"] == "ExecutionAborted"
+        assert (content["status"], content["ename"]) == ("error", "ExecutionAborted")
     assert [wire.reply(m)["content"]["status"] for m in [*other, main]] == ["ok", "ok", "ok"]
     assert wire.run("print('again')", a)[0]["content"]["status"] == "ok"  # the window closed
     wire.delete(a)
@@ -307,7 +315,7 @@ def test_stdin_per_subshell(wire: Wire, subshell: str) -> None:
     for prompt, answer in (("sub? ", "S"), ("main? ", "M")):  # answered in the other order
         reply = wire.kc.session.msg("input_reply", {"value": answer}, parent=asked[prompt])
         wire.kc.stdin_channel.send(reply)
-    assert wire.reply(sub)["content"]["status"] == "ok" and wire.reply(main)["content"]["status"] == "ok"
+    assert (wire.reply(sub)["content"]["status"], wire.reply(main)["content"]["status"]) == ("ok", "ok")
     assert stdout(wire.outputs(sub)).strip() == "sub got S"
     assert stdout(wire.outputs(main)).strip() == "main got M"
     # input() is back to "not supported" for requests without allow_stdin
@@ -327,15 +335,17 @@ def test_deleting_a_busy_subshell(wire: Wire) -> None:
     assert wire.reply(running)["content"]["status"] == "ok"  # the current request ends normally
     assert "finished" in stdout(wire.outputs(running))
     content = wire.reply(queued)["content"]
-    assert content["status"] == "error" and content["ename"] == "SubshellDeleted"
+    assert (content["status"], content["ename"]) == ("error", "SubshellDeleted")
     # its thread ends after that request
     deadline = time.monotonic() + TIMEOUT
-    code = "print(any(t.name.endswith(%r) for t in threading.enumerate()))" % subshell_id
+    code = f"print(any(t.name.endswith({subshell_id!r}) for t in threading.enumerate()))"
     while stdout(wire.run(code)[1]).strip() != "False":
         assert time.monotonic() < deadline, "the deleted subshell's thread did not end"
 
 
+@pytest.mark.parametrize("fresh", ["message", "signal"], indirect=True)
 def test_interrupt_reaches_main_and_busy_subshells(fresh: tuple[KernelManager, Wire]) -> None:
+    """interrupt_request (message mode) and SIGINT (signal mode) alike."""
     km, w = fresh
     w.run("import time, trio")
     sync_id, async_id, idle_id = w.create(), w.create(), w.create()
@@ -348,7 +358,7 @@ def test_interrupt_reaches_main_and_busy_subshells(fresh: tuple[KernelManager, W
     km.interrupt_kernel()
     for msg_id in (main, spin, wait):
         content = w.reply(msg_id, timeout=5)["content"]
-        assert content["status"] == "error" and content["ename"] == "KeyboardInterrupt", content
+        assert (content["status"], content["ename"]) == ("error", "KeyboardInterrupt"), content
     elapsed = time.monotonic() - t0
     assert elapsed < 2, elapsed
     # every lane keeps serving, the idle subshell was not disturbed
@@ -358,11 +368,17 @@ def test_interrupt_reaches_main_and_busy_subshells(fresh: tuple[KernelManager, W
 
 
 def test_shutdown_with_busy_subshells(fresh: tuple[KernelManager, Wire]) -> None:
+    """One subshell ends within the grace, the two others (awaiting, spinning)
+    are interrupted after it; the kernel exits 0."""
     km, w = fresh
     ids = [w.create() for _ in range(3)]
-    w.execute("import time; print('A', flush=True); time.sleep(0.5)", ids[0])
-    w.execute("import trio; print('B', flush=True); await trio.sleep(60)", ids[1])
-    w.execute("print('C', flush=True)\nwhile True: pass", ids[2])
+    running = [
+        w.execute("import time; print('A', flush=True); time.sleep(0.5)", ids[0]),
+        w.execute("import trio; print('B', flush=True); await trio.sleep(60)", ids[1]),
+        w.execute("print('C', flush=True)\nwhile True: pass", ids[2]),
+    ]
+    for msg_id, marker in zip(running, "ABC", strict=True):
+        w.wait_printed(msg_id, marker)
     proc = km.provisioner.process  # type: ignore[union-attr]
     t0 = time.monotonic()
     msg = w.kc.session.msg("shutdown_request", {"restart": False})

@@ -465,10 +465,9 @@ class Dispatcher:
 
     async def interrupt(self, msg: Message) -> Reply:
         """The kernel's interrupt (JEP 91: kernel-wide): the main shell's
-        running code, and the running code of every busy subshell."""
+        running code and, through ``UserRun.on_interrupt`` (as for a
+        signal-mode interrupt), every busy subshell's."""
         self._d.user_run.interrupt()
-        if self._d.subshells is not None:
-            self._d.subshells.interrupt_busy()
         return Reply({"status": "ok"})
 
     # -- handlers: subshells (JEP 91), io lane on control -------------------------

@@ -75,6 +75,7 @@ class Kernel:
         self.user_run = UserRun()
         self.bad_input = BadInputLog(config.bad_input_log_interval)
         self.subshells = SubshellRegistry()
+        self.user_run.on_interrupt = self._interrupt_subshells
         parse = InboundParser(signer, self.bad_input, config.wire_limits)
         self.stdin = StdinBridge(builder, signer, parse, self.bad_input)
         self.iopub = IOPubTask(
@@ -137,6 +138,15 @@ class Kernel:
         stats["malformed_dropped"] = bad.dropped
         stats["malformed_by_kind"] = bad.by_kind
         return stats
+
+    def _interrupt_subshells(self) -> None:
+        """UserRun.on_interrupt (main thread, maybe in the SIGINT handler):
+        the io run interrupts the busy subshells (JEP 91: interrupts are
+        kernel-wide)."""
+        try:
+            self.io.token.run_sync_soon(self.subshells.interrupt_busy)
+        except trio.RunFinishedError:
+            pass  # the io run has ended (shutdown)
 
     def request_shutdown(self) -> None:
         """Begin an orderly shutdown (thread-safe)."""
