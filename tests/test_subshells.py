@@ -222,6 +222,18 @@ def test_namespace_is_shared(wire: Wire, subshell: str) -> None:
     assert stdout(wire.run("print(from_main)", subshell)[1]).strip() == "main"
 
 
+def test_history_is_shared(wire: Wire, subshell: str) -> None:
+    """One history, as ipykernel (docs/subshells.md says why not one per subshell)."""
+    n_main = wire.run("'from the main shell'")[0]["content"]["execution_count"]
+    n_sub = wire.run("'from the subshell'", subshell)[0]["content"]["execution_count"]
+    for sid in (None, subshell):
+        msg_id = wire.send("history_request", {"hist_access_type": "tail", "n": 2, "raw": True, "output": False}, sid)
+        history = wire.reply(msg_id)["content"]["history"]
+        assert [(line, source) for _session, line, source in history] == [
+            (n_main, "'from the main shell'"), (n_sub, "'from the subshell'")
+        ]
+
+
 def test_three_subshells_sleep_at_once(wire: Wire) -> None:
     ids = [wire.create() for _ in range(3)]
     t0 = time.monotonic()
