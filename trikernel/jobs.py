@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import outstream
+from . import outstream, shellstate
 from .iopub import IOPubQueue
 from .messages import MessageBuilder
 from .wire import Message
@@ -68,14 +68,17 @@ class ShellJobs:
 
         token = outstream.current_parent.set(msg.header)
         self.parents.latest = msg.header
+        silent = bool(msg.content.get("silent", False))
         try:
-            if not msg.content.get("silent", False):
-                code = msg.content.get("code", "")
-                code = code if isinstance(code, str) else str(code)  # what shell.execute runs
-                self.shell.publisher.send("execute_input", {"code": code, "execution_count": self.execution_count})
-            return await shell_mod.execute(
-                self.shell, msg.content, lambda prompt, password: self.stdin.request_input(msg, prompt, password)
-            )
+            # the cell takes its number now: a cell on another lane may start meanwhile
+            with shellstate.cell(self.shell, bool(msg.content.get("store_history", not silent))) as number:
+                if not silent:
+                    code = msg.content.get("code", "")
+                    code = code if isinstance(code, str) else str(code)  # what shell.execute runs
+                    self.shell.publisher.send("execute_input", {"code": code, "execution_count": number})
+                return await shell_mod.execute(
+                    self.shell, msg.content, lambda prompt, password: self.stdin.request_input(msg, prompt, password)
+                )
         finally:
             outstream.current_parent.reset(token)
 

@@ -11,8 +11,6 @@ so top-level ``await`` of trio code works with no magic.
 from __future__ import annotations
 
 import base64
-import builtins
-import getpass
 import logging
 import os
 import sys
@@ -26,11 +24,12 @@ from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import StdinNotImplementedError, UsageError
 from IPython.core.interactiveshell import ExecutionResult, InteractiveShell, InteractiveShellABC
+from IPython.core.payload import PayloadManager
 from IPython.utils.tokenutil import token_at_cursor
 from traitlets import Any as TAny
 from traitlets import Instance, Type
 
-from . import awaitmagics, tracebacks
+from . import awaitmagics, shellstate, tracebacks
 from .outstream import ParentTracker, Publisher
 
 log = logging.getLogger("trikernel.shell")
@@ -116,6 +115,10 @@ class TrikernelShell(InteractiveShell):
     display_pub_class = Type(TrikernelDisplayPublisher)
     exiter = Instance(ZMQExitAutocall)
     publisher = TAny()
+    # per shell lane (main shell, subshells): cells on two lanes run at once (shellstate.py)
+    execution_count = shellstate.ExecutionCount()  # type: ignore[assignment]
+    payload_manager = shellstate.PerLane(lambda shell: PayloadManager(parent=shell))  # type: ignore[assignment]
+    _last_traceback = shellstate.PerLane(lambda shell: [])
 
     def _exiter_default(self) -> ZMQExitAutocall:
         return ZMQExitAutocall(self)
@@ -137,8 +140,9 @@ class TrikernelShell(InteractiveShell):
         self._payloads().write_payload({"source": "ask_exit", "keepkernel": self.keepkernel_on_exit})
 
     keepkernel_on_exit = False
-    #: the ``error`` content of a failure to format this cell's result (see TrikernelDisplayHook)
-    _formatting_error: dict[str, Any] | None = None
+    #: the ``error`` content of a failure to format this cell's result (see
+    #: TrikernelDisplayHook); per shell lane (shellstate.py)
+    _formatting_error = shellstate.PerLane(lambda shell: None)
     #: what ``get_ipython().kernel`` offers user code (ShellKernel)
     kernel: Any = None
 
@@ -321,14 +325,11 @@ async def execute(
         code = str(code)
 
     fwd = InputForwarder(request_input)
-    saved = builtins.input, getpass.getpass
-    builtins.input = fwd.input if allow_stdin else _no_stdin  # type: ignore[assignment]
-    getpass.getpass = fwd.getpass if allow_stdin else _no_stdin  # type: ignore[assignment]
     shell._last_traceback = []
     shell._formatting_error = None
     if isinstance(shell.displayhook, TrikernelDisplayHook):
         shell.displayhook.formatting = False  # left set if the last result's formatting raised out
-    try:
+    with shellstate.route_input(fwd.input if allow_stdin else _no_stdin, fwd.getpass if allow_stdin else _no_stdin):
         preprocessing_exc_tuple = None
         try:
             transformed = shell.transform_cell(code)
@@ -362,8 +363,6 @@ async def execute(
             shell.events.trigger("post_execute")
             if not silent:
                 shell.events.trigger("post_run_cell", shell.last_execution_result)
-    finally:
-        builtins.input, getpass.getpass = saved
 
     reply: dict[str, Any] = {"execution_count": shell.execution_count - 1}
     err = result.error_before_exec or result.error_in_exec
