@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from comm.base_comm import CommManager
 
     from .config import ConnectionInfo
+    from .messagelog import MessageLog
     from .shell import TrikernelShell
     from .stdinbridge import StdinBridge
 
@@ -139,7 +140,8 @@ class UserSideDeps:
     - ``stats``: returns the IOPub counters for ``%trikernel``;
     - ``capture_fds``: capture file descriptors 1 and 2 (KernelConfig);
     - ``connection``, ``connection_file``: what ``%connect_info`` prints (the
-      connection info with the bound ports; a file holding it, or None).
+      connection info with the bound ports; a file holding it, or None);
+    - ``message_log``: what ``%trikernel log`` shows (``--message-log``), or None.
     """
 
     builder: MessageBuilder
@@ -150,6 +152,7 @@ class UserSideDeps:
     capture_fds: bool
     connection: ConnectionInfo | None = None
     connection_file: str | None = None
+    message_log: MessageLog | None = None
 
 
 def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
@@ -182,7 +185,7 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
     for name, value in (("nursery", un), ("trio", trio)):
         shell.user_ns[name] = value
         shell.user_ns_hidden[name] = value
-    magics.register(shell, deps.stats)
+    magics.register(shell, deps.stats, deps.message_log)
     info = deps.connection.to_dict() if deps.connection is not None else None
     magics.register_kernel_magics(shell, magics.ConnectionFile(info, deps.connection_file) if info else None)
     outstream.install(deps.queue, deps.parents, capture_fds=deps.capture_fds)
