@@ -101,6 +101,23 @@ def test_a_line_has_the_fields_and_never_the_signature(tmp_path: Any) -> None:
     assert lines[-1]["dropped"] == 0
 
 
+def test_odd_frames_are_logged_by_their_sizes(tmp_path: Any) -> None:
+    """No delimiter, many identities, a big buffer: sizes only, bounded."""
+    mlog, path = _open(tmp_path)
+    mlog.record("in", "shell", [b"a" * 10, b"{}", b"{}"], {"dropped": "no_delimiter", "detail": "no <IDS|MSG>"})
+    frames = _frames("comm_msg", {"comm_id": "c", "data": {}}, buffers=(b"\0" * 100_000,))
+    mlog.record("in", "shell", [bytes([i]) for i in range(20)] + frames)
+    mlog.close()
+    nodelim, many = _messages(_lines(path))
+    assert nodelim["frames"] == [10, 2, 2]
+    assert nodelim["identities"] == []
+    assert nodelim["dropped"] == "no_delimiter"
+    assert many["identities"] == [bytes([i]).hex() for i in range(16)]
+    assert many["identities_more"] == 4
+    assert many["buffers"] == [100_000]
+    assert many["content"] == {"comm_id": "c", "data": {}}
+
+
 def test_content_past_the_bound_is_cut_and_its_size_kept(tmp_path: Any) -> None:
     mlog, path = _open(tmp_path, message_log_content=100)
     big = {"code": "x" * 5000}

@@ -44,9 +44,11 @@ with one ``write`` and flushes it. :meth:`statistics` and :meth:`tail` may
 be called from any thread (``%trikernel log`` calls them on the main
 thread); :meth:`close` from the main thread at shutdown.
 
-Memory: a queued record keeps each frame up to ``max(content bound, 4096)``
-bytes (longer frames are cut before queueing), so the queue holds at most
-about ``queue × frames × that`` bytes.
+Memory: a queued record keeps at most 16 identities and the four JSON
+frames, each up to ``max(content bound, 4096)`` bytes (longer frames are
+cut before queueing), and only the sizes of buffers; never the signature.
+So the queue holds at most about ``queue × 20 × that`` bytes (200 MB at
+the defaults; a few hundred bytes per line in practice).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
@@ -65,8 +68,6 @@ from .errors import ConfigError
 from .wire import DELIM
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from .config import ConnectionInfo, KernelConfig
 
 log = logging.getLogger("trikernel.messagelog")
@@ -77,6 +78,8 @@ TAIL_LINES = 1000
 MIN_KEEP = 4096
 #: Identities shown per line; more are counted.
 MAX_IDENTITIES = 16
+#: Buffer (or frame) sizes listed per line at most.
+MAX_SIZES = 64
 #: Records formatted and written with one ``write`` at most.
 WRITE_BATCH = 1024
 #: Seconds :meth:`MessageLog.close` waits for the writer at shutdown.
@@ -91,6 +94,25 @@ try:  # orjson where installed (the ``fast`` extra), as wire.py
     import orjson as _orjson
 except ImportError:  # pragma: no cover - exercised when orjson is absent
     _orjson = None  # type: ignore[assignment]
+
+
+def _loads(data: bytes | str) -> Any:
+    return _orjson.loads(data) if _orjson is not None else json.loads(data)
+
+
+class _Raw:
+    """JSON text put into a line as it is."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _unsafe(frame: bytes) -> bool:
+    """What keeps a frame from going into a line as it is: a line break (one
+    line per message) or a token only Python's json accepts."""
+    return b"\n" in frame or b"\r" in frame or b"NaN" in frame or b"Infinity" in frame
 
 
 def _dumps(obj: Any) -> str:
@@ -116,7 +138,15 @@ class _Cut:
 
 
 _Frame = bytes | _Cut
-_Record = tuple[float, str, str, list[_Frame], dict[str, Any] | None]
+
+
+#: One queued message, as the io run left it (a tuple: cheapest to build):
+#: time, direction, channel, identities (at most MAX_IDENTITIES), how many
+#: there were, the four JSON frames (cut past the kept length; None without
+#: a delimiter), the sizes of the buffers (of every frame, without a
+#: delimiter), the note. The signature and the buffers' bytes are never kept.
+_Record = tuple[float, str, str, Sequence[_Frame], int, Sequence[_Frame] | None, Sequence[int], "dict[str, Any] | None"]
+_NO_SIZES: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,9 +265,22 @@ class MessageLog:
             if key in self._dropped_by:  # fixed keys: other threads copy this dict
                 self._dropped_by[key] += 1
             return
-        keep = self._keep
-        kept: list[_Frame] = [f if len(f) <= keep else _Cut(bytes(f[:keep]), len(f)) for f in frames]
-        self._queue.append((time.time(), direction, channel, kept, note))
+        try:
+            i = frames.index(DELIM)
+        except ValueError:
+            self._queue.append(
+                (time.time(), direction, channel, (), 0, None, [len(f) for f in frames[:MAX_SIZES]], note)
+            )
+        else:
+            keep = self._keep
+            idents: Sequence[_Frame] = frames[:i] if i <= MAX_IDENTITIES else frames[:MAX_IDENTITIES]
+            parts: Sequence[_Frame] = frames[i + 2 : i + 6]  # frames[i + 1] is the signature: not kept
+            if max(map(len, parts), default=0) > keep:
+                parts = _cut(frames[i + 2 : i + 6], keep)
+            if idents and max(map(len, idents)) > keep:
+                idents = _cut(frames[: min(i, MAX_IDENTITIES)], keep)
+            sizes = list(map(len, frames[i + 6 : i + 6 + MAX_SIZES])) if len(frames) > i + 6 else _NO_SIZES
+            self._queue.append((time.time(), direction, channel, idents, i, parts, sizes, note))
         self._enqueued += 1
         if not self._wake.is_set():
             self._wake.set()
@@ -365,48 +408,55 @@ class MessageLog:
         return _dumps({"time": _iso(time.time()), "event": event, **fields})
 
     def _format(self, item: _Record) -> str:
-        t, direction, channel, frames, note = item
+        """The line of one record. A JSON frame the kernel made, or parsed
+        when it arrived, is put into the line as it came off the wire (no
+        parse, no re-encode: most of the writer's time otherwise) unless it
+        is cut, spans lines or holds NaN/Infinity; the header is parsed for
+        ``msg_type``. Frames of dropped input are always parsed (or cut)."""
+        t, direction, channel, idents, n_idents, parts, sizes, note = item
+        trusted = not (note and "dropped" in note)
         rec: dict[str, Any] = {"time": _iso(t), "dir": direction, "channel": channel}
-        try:
-            i = next(n for n, f in enumerate(frames) if isinstance(f, bytes) and f == DELIM)
-        except StopIteration:
-            rec["identities"] = []
-            rec["frames"] = [len(f) for f in frames]  # no delimiter: sizes only
-            i = -1
-        if i >= 0:
-            idents = frames[:i]
-            rec["identities"] = [_head(f).hex() for f in idents[:MAX_IDENTITIES]]
-            if len(idents) > MAX_IDENTITIES:
-                rec["identities_more"] = len(idents) - MAX_IDENTITIES
-            parts = frames[i + 2 : i + 6]  # frames[i + 1] is the signature: never logged
+        rec["identities"] = [_head(f).hex() for f in idents]
+        if n_idents > len(idents):
+            rec["identities_more"] = n_idents - len(idents)
+        if parts is None:
+            rec["frames"] = list(sizes)  # no delimiter: sizes only
+        else:
             names = ("header", "parent_header", "metadata", "content")
-            parsed = [self._part(name, f) for name, f in zip(names, parts, strict=False)]
+            parsed = [self._part(name, f, trusted) for name, f in zip(names, parts, strict=False)]
             header = parsed[0][1] if parsed else None
+            if isinstance(header, _Raw):
+                try:
+                    header = _loads(header.text)
+                except ValueError:
+                    header = None
             rec["msg_type"] = header.get("msg_type") if isinstance(header, dict) else None
             for part, (key, value), f in zip(names, parsed, parts, strict=False):
                 if part == "content":
                     rec["content_bytes"] = len(f)
                 rec[key] = value
             if len(parts) < 4:
-                rec["frames_after_delimiter"] = len(frames) - i - 1
-            buffers = frames[i + 6 :]
-            if buffers:
-                rec["buffers"] = [len(f) for f in buffers]
+                rec["json_frames"] = len(parts)  # too few frames after the delimiter
+            if sizes:
+                rec["buffers"] = list(sizes)
         if note:
             rec.update(note)
-        line = _dumps(rec)
+        line = "{" + ",".join(f'"{k}":{v.text if isinstance(v, _Raw) else _dumps(v)}' for k, v in rec.items()) + "}"
         for secret in self._secrets:
             if secret in line:
                 line = line.replace(secret, REDACTED)
         return line
 
-    def _part(self, name: str, frame: _Frame) -> tuple[str, Any]:
-        """(key, value) of one JSON frame in a line: parsed when whole and
-        within bounds, else its head as text under ``<name>_cut``."""
+    def _part(self, name: str, frame: _Frame, trusted: bool) -> tuple[str, Any]:
+        """(key, value) of one JSON frame in a line: as it is (``trusted``,
+        see :meth:`_format`) or parsed when whole and within bounds, else
+        its head as text under ``<name>_cut``."""
         limit = self._bound if name in ("content", "metadata") else self._keep
         if isinstance(frame, bytes) and len(frame) <= limit:
+            if trusted and not _unsafe(frame):
+                return name, _Raw(frame.decode("utf-8", "replace"))
             try:
-                return name, json.loads(frame)
+                return name, _loads(frame)
             except ValueError:
                 pass  # bad input: shown as text below
         text = _head(frame)[:limit].decode("utf-8", "replace")
@@ -421,12 +471,25 @@ class MessageLog:
         return text
 
 
+def _cut(frames: Sequence[bytes], keep: int) -> list[_Frame]:
+    return [f if len(f) <= keep else _Cut(bytes(f[:keep]), len(f)) for f in frames]
+
+
 def _head(f: _Frame) -> bytes:
     return f.head if isinstance(f, _Cut) else f
 
 
+_last_second: list[Any] = [None, ""]
+
+
 def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """``2026-12-01T08:40:00.123456Z`` (the seconds part cached: the writer
+    formats many lines per second)."""
+    sec = int(t)
+    if _last_second[0] != sec:
+        _last_second[0] = sec
+        _last_second[1] = datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{_last_second[1]}.{int((t - sec) * 1e6):06d}Z"
 
 
 def summary(line: dict[str, Any]) -> str:
