@@ -136,6 +136,7 @@ def main() -> int:
     ap.add_argument("--lines", type=int, default=200000)
     ap.add_argument("--baseline", default=None, help="a checkout of trikernel to compare 'off' against")
     ap.add_argument("--no-throughput", action="store_true")
+    ap.add_argument("--no-round-trips", action="store_true")
     ap.add_argument("--json", default=str(RESULTS_DIR / "diagnostics.json"))
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-diag-"))
@@ -145,11 +146,11 @@ def main() -> int:
     result: dict[str, Any] = {"machine": machine(), "date": now_iso()}
     try:
         variants = (["base"] if args.baseline else []) + ["off", "strict", "log", "strict+log"]
-        rt = bench_round_trips(variants, args.requests)
+        rt = {} if args.no_round_trips else bench_round_trips(variants, args.requests)
         result["round_trips"] = rt
         ref = "base" if args.baseline else "off"
         table = []
-        for v in variants:
+        for v in variants if rt else []:
             r, i = rt[v]["execute reply"], rt[v]["execute idle"]
             table.append([
                 v,
@@ -170,11 +171,23 @@ def main() -> int:
             ttable = []
             for v in tv:
                 t = thr[f"tk-{v}"]
-                rates = [r["counts"].get("comm_open", 0) / r["elapsed"] for r in t["comm"] if r["got_idle"]]
-                mbs = [r["stream_bytes"] / r["elapsed"] / 1e6 for r in t["stream"] if r["got_idle"]]
-                ttable.append([v, f"{median(rates):,.0f}", f"{median(mbs):.2f}", "; ".join(t["errors"]) or "-"])
+                comm = [r for r in t["comm"] if r["got_idle"]]
+                stream = [r for r in t["stream"] if r["got_idle"]]
+                rates = [r["counts"].get("comm_open", 0) / r["elapsed"] for r in comm]
+                mbs = [r["stream_bytes"] / r["elapsed"] / 1e6 for r in stream]
+                # kernel CPU (all its threads, psutil) per message: steadier than wall time on a shared machine
+                cpu_msg = [r["kernel_cpu"] / max(1, r["counts"].get("comm_open", 0)) * 1e6 for r in comm
+                           if r.get("kernel_cpu") is not None]
+                cpu_mb = [r["kernel_cpu"] / (r["stream_bytes"] / 1e6) * 1e3 for r in stream
+                          if r.get("kernel_cpu") is not None and r["stream_bytes"]]
+                ttable.append([v, f"{median(rates):,.0f}", f"{median(cpu_msg):.1f}", f"{median(mbs):.2f}",
+                               f"{median(cpu_mb):.1f}", "; ".join(t["errors"]) or "-"])
             text += f"\n\n## IOPub throughput (median of {args.reps})\n\n"
-            text += md_table(["variant", "comm_open msg/s", "stream MB/s", "errors"], ttable)
+            text += md_table(
+                ["variant", "comm_open msg/s", "kernel CPU µs / comm_open", "stream MB/s", "kernel CPU ms / MB",
+                 "errors"],
+                ttable,
+            )
         lt = []
         for v, path in logs.items():
             if path.exists():

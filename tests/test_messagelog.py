@@ -101,6 +101,34 @@ def test_a_line_has_the_fields_and_never_the_signature(tmp_path: Any) -> None:
     assert lines[-1]["dropped"] == 0
 
 
+def test_lines_are_the_same_without_orjson(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer puts frames into lines as they are (orjson.Fragment, or
+    text when orjson is not installed); the lines parse to the same."""
+    from trikernel import messagelog
+
+    request = BUILDER.msg("execute_request", {"code": "print('é\\n')", "n": [1.5, None, True]})
+    frames = serialize(request, SIGNER)
+    pretty = [*frames[:5], json.dumps(request.content, indent=1).encode()]  # spans lines: parsed, not put in
+    seen = []
+    for fast in (True, False):
+        if not fast:
+            monkeypatch.setattr(messagelog, "_orjson", None)
+        mlog, path = _open_in(tmp_path, fast)
+        mlog.record("in", "shell", frames)
+        mlog.record("in", "shell", pretty)
+        mlog.close()
+        seen.append([{k: v for k, v in rec.items() if k != "time"} for rec in _messages(_lines(path))])
+    assert seen[0] == seen[1]
+    assert seen[0][0]["content"] == request.content
+    assert seen[0][1]["content"] == request.content
+
+
+def _open_in(tmp_path: Any, tag: object) -> tuple[MessageLog, str]:
+    d = tmp_path / str(tag)
+    d.mkdir()
+    return _open(d)
+
+
 def test_odd_frames_are_logged_by_their_sizes(tmp_path: Any) -> None:
     """No delimiter, many identities, a big buffer: sizes only, bounded."""
     mlog, path = _open(tmp_path)
