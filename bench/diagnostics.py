@@ -109,8 +109,13 @@ def validation_cost() -> dict[str, float]:
         "version": "5.5",
     }
     samples = {
-        "execute_request": {"code": "pass", "silent": False, "store_history": True, "user_expressions": {},
-                            "allow_stdin": False},
+        "execute_request": {
+            "code": "pass",
+            "silent": False,
+            "store_history": True,
+            "user_expressions": {},
+            "allow_stdin": False,
+        },
         "complete_request": {"code": "import o", "cursor_pos": 8},
         "kernel_info_request": {},
         "comm_msg": {"comm_id": "c", "data": {"method": "update", "state": {"value": 1}}},
@@ -152,13 +157,15 @@ def main() -> int:
         table = []
         for v in variants if rt else []:
             r, i = rt[v]["execute reply"], rt[v]["execute idle"]
-            table.append([
-                v,
-                f"{fmt(r['median_ms'], 3)} / {fmt(r['p99_ms'], 3)}",
-                f"{(r['median_ms'] - rt[ref]['execute reply']['median_ms']) * 1000:+.0f} µs",
-                f"{fmt(i['median_ms'], 3)} / {fmt(i['p99_ms'], 3)}",
-                f"{(i['median_ms'] - rt[ref]['execute idle']['median_ms']) * 1000:+.0f} µs",
-            ])
+            table.append(
+                [
+                    v,
+                    f"{fmt(r['median_ms'], 3)} / {fmt(r['p99_ms'], 3)}",
+                    f"{(r['median_ms'] - rt[ref]['execute reply']['median_ms']) * 1000:+.0f} µs",
+                    f"{fmt(i['median_ms'], 3)} / {fmt(i['p99_ms'], 3)}",
+                    f"{(i['median_ms'] - rt[ref]['execute idle']['median_ms']) * 1000:+.0f} µs",
+                ]
+            )
         text = f"# --strict / --message-log ({now_iso()}, {machine()})\n\n"
         text += f"## execute round trip ({args.requests} interleaved rounds)\n\n"
         text += md_table(
@@ -176,24 +183,50 @@ def main() -> int:
                 rates = [r["counts"].get("comm_open", 0) / r["elapsed"] for r in comm]
                 mbs = [r["stream_bytes"] / r["elapsed"] / 1e6 for r in stream]
                 # kernel CPU (all its threads, psutil) per message: steadier than wall time on a shared machine
-                cpu_msg = [r["kernel_cpu"] / max(1, r["counts"].get("comm_open", 0)) * 1e6 for r in comm
-                           if r.get("kernel_cpu") is not None]
-                cpu_mb = [r["kernel_cpu"] / (r["stream_bytes"] / 1e6) * 1e3 for r in stream
-                          if r.get("kernel_cpu") is not None and r["stream_bytes"]]
-                ttable.append([v, f"{median(rates):,.0f}", f"{median(cpu_msg):.1f}", f"{median(mbs):.2f}",
-                               f"{median(cpu_mb):.1f}", "; ".join(t["errors"]) or "-"])
+                cpu_msg = [
+                    r["kernel_cpu"] / max(1, r["counts"].get("comm_open", 0)) * 1e6
+                    for r in comm
+                    if r.get("kernel_cpu") is not None
+                ]
+                cpu_mb = [
+                    r["kernel_cpu"] / (r["stream_bytes"] / 1e6) * 1e3
+                    for r in stream
+                    if r.get("kernel_cpu") is not None and r["stream_bytes"]
+                ]
+                ttable.append(
+                    [
+                        v,
+                        f"{median(rates):,.0f}",
+                        f"{median(cpu_msg):.1f}",
+                        f"{median(mbs):.2f}",
+                        f"{median(cpu_mb):.1f}",
+                        "; ".join(t["errors"]) or "-",
+                    ]
+                )
             text += f"\n\n## IOPub throughput (median of {args.reps})\n\n"
             text += md_table(
-                ["variant", "comm_open msg/s", "kernel CPU µs / comm_open", "stream MB/s", "kernel CPU ms / MB",
-                 "errors"],
+                [
+                    "variant",
+                    "comm_open msg/s",
+                    "kernel CPU µs / comm_open",
+                    "stream MB/s",
+                    "kernel CPU ms / MB",
+                    "errors",
+                ],
                 ttable,
             )
         lt = []
         for v, path in logs.items():
             if path.exists():
                 closed = [json.loads(line) for line in path.read_text().splitlines() if '"event":"closed"' in line]
-                lt.append([v, str(sum(c["lines"] for c in closed)), str(sum(c["dropped"] for c in closed)),
-                           f"{path.stat().st_size / 1e6:.1f} MB"])
+                lt.append(
+                    [
+                        v,
+                        str(sum(c["lines"] for c in closed)),
+                        str(sum(c["dropped"] for c in closed)),
+                        f"{path.stat().st_size / 1e6:.1f} MB",
+                    ]
+                )
         text += "\n\n## message log files\n\n" + md_table(["variant", "lines", "dropped", "size"], lt)
         vc = validation_cost()
         result["validate_us"] = vc
