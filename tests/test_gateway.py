@@ -596,7 +596,8 @@ def test_distributed_kernelspec_is_what_gp_expects() -> None:
     assert [flags[f] for f in ("--kernel-id", "--port-range", "--response-address", "--public-key")] == PLACEHOLDERS[:4]
     assert flags["--transport-encryption"] == "{transport_encryption}"  # GP's condition for CurveZMQ
     assert flags["--ip"] == "10.0.0.5"
-    assert flags["--socket-option"] == "iopub.SNDHWM=20000"
+    assert "--socket-option" not in argv  # over SSH GP joins argv unquoted; the env is exported quoted
+    assert kj["env"] == {"TRIKERNEL_SOCKET_OPTIONS": "iopub.SNDHWM=20000"}
     assert kj["interrupt_mode"] == "signal"
     assert kj["metadata"]["supported_encryption"] == ["curve"]
     assert kj["metadata"]["kernel_provisioner"] == {

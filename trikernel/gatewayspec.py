@@ -15,9 +15,12 @@ Shapes (GP 0.5.0 ``kernel-specs/ssh_python`` and ``container_python``; EG
   gateway_provisioners into the kernelspec's ``scripts/``) on the server;
   that creates a pod / container from ``config.image_name``, whose CMD
   (``containers/bootstrap-kernel.sh``) starts trikernel from the
-  environment. Socket options go into the spec's ``env`` as
-  ``TRIKERNEL_SOCKET_OPTIONS`` (GP copies the launcher's environment into
-  the pod or container).
+  environment.
+
+Socket options given to ``install`` go into the spec's ``env`` as
+``TRIKERNEL_SOCKET_OPTIONS`` for every kind: GP exports the spec's env
+quoted over SSH (argv it joins unquoted) and copies the launcher's
+environment into pods and containers.
 
 Every spec declares ``interrupt_mode: "signal"`` (the server then interrupts
 through the comm port) and ``metadata.supported_encryption: ["curve"]`` with
@@ -143,19 +146,21 @@ def kernel_json(
         display_name=display_name or DISPLAY_NAMES[spec.gateway],
         interrupt_mode=interrupt_mode,
     )
+    # Socket options travel in the environment, never in argv: over SSH GP
+    # joins argv into a shell command without quoting (``*.LINGER=0`` would
+    # be a glob there), while it exports the spec's env quoted; the
+    # container launchers copy the environment into the pod or container.
     env: dict[str, str] = {}
+    if spec.socket_options:
+        env["TRIKERNEL_SOCKET_OPTIONS"] = " ".join(spec.socket_options)
     if spec.gateway in CONTAINER_LAUNCHERS:
         if launcher_script is None:
             raise ValueError("launcher_script is required for container gateways")
         argv = [spec.python, launcher_script, *LAUNCHER_ARGV]
-        if spec.socket_options:
-            env["TRIKERNEL_SOCKET_OPTIONS"] = " ".join(spec.socket_options)
     else:
         argv = [spec.python, "-m", "trikernel", "gateway-launch", *LAUNCHER_ARGV]
         if spec.ip:
             argv += ["--ip", spec.ip]
-        for option in spec.socket_options:
-            argv += ["--socket-option", option]
     config: dict[str, Any] = {}
     if spec.image_name:
         config["image_name"] = spec.image_name
