@@ -172,16 +172,37 @@ async def _caught_at(kc: Any, msg_id: str, within: float) -> float:
             return float(m["content"]["text"].split()[1])
 
 
-async def _start(name: str, within: float = 120) -> tuple[Any, Any, float, float]:
+class StartFailed(Exception):
+    """A kernel that did not become ready; ``km`` and its processes are kept for clean-up."""
+
+    def __init__(self, km: Any, family: list[int], cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {str(cause)[:160]}")
+        self.km, self.family = km, family
+
+
+async def _start(
+    name: str, within: float = 120, family: list[int] | None = None, log: dict[str, Any] | None = None
+) -> tuple[Any, Any, float, float]:
+    """Start and wait for kernel_info. ``family`` gets the launched process and its
+    children right after GP reports the launch (before a failing kernel can orphan
+    them); ``log["log"]`` the kernel's log file (GP's kernel_log)."""
     from jupyter_client import AsyncKernelManager
 
     km = AsyncKernelManager(kernel_name=name)
     t0 = time.perf_counter()
     await km.start_kernel()
     t_payload = time.perf_counter() - t0
+    if family is not None:
+        family.extend(_family(km.provisioner.pid))
+    if log is not None:
+        log["log"] = getattr(km.provisioner, "kernel_log", None)
     kc = km.client()
     kc.start_channels()
-    await kc.wait_for_ready(timeout=within)
+    try:
+        await kc.wait_for_ready(timeout=within)
+    except Exception as exc:
+        kc.stop_channels()
+        raise StartFailed(km, family or [], exc) from exc
     return km, kc, t_payload, time.perf_counter() - t0
 
 
@@ -232,22 +253,24 @@ async def _now(name: str) -> dict[str, Any]:
     return out
 
 
+def _read_log(path: str | None) -> str:
+    with contextlib.suppress(OSError, TypeError):
+        return pathlib.Path(path).read_text(errors="replace")  # type: ignore[arg-type]
+    return ""
+
+
 async def _crowd(name: str, n: int) -> dict[str, Any]:
     async def one(i: int) -> dict[str, Any]:
-        r: dict[str, Any] = {"ok": False}
-        km = None
+        r: dict[str, Any] = {"ok": False, "family": [], "km": None}
         try:
-            km, kc, _, r["ready_s"] = await _start(name, within=120)
-            r["family"] = _family(km.provisioner.pid)
+            r["km"], kc, _, r["ready_s"] = await _start(name, within=120, family=r["family"], log=r)
             reply = await _wait_reply(kc, kc.execute("1+1"), 60)
             r["ok"] = reply["content"]["status"] == "ok"
             kc.stop_channels()
+        except StartFailed as exc:
+            r["error"], r["km"] = str(exc), exc.km
         except Exception as exc:  # noqa: BLE001 - counted and reported
             r["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
-            if km is not None:
-                with contextlib.suppress(Exception):
-                    r["family"] = _family(km.provisioner.pid)
-        r["km"] = km
         return r
 
     t0 = time.perf_counter()
@@ -262,17 +285,25 @@ async def _crowd(name: str, n: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     await asyncio.gather(*(stop(r) for r in results))
     stop_wall = time.perf_counter() - t0
-    left = [p for r in results for p in r.get("family", []) if _alive(p)]
-    _kill(left)
+    left = [p for r in results for p in r["family"] if _alive(p)]
+    _kill(left)  # ours: processes this bench launched
     errors: dict[str, int] = {}
     for r in results:
         if not r["ok"]:
             key = r.get("error", "1+1 failed")
             errors[key] = errors.get(key, 0) + 1
+    # what the kernels' own logs say (GP appends each kernel's output to its log)
+    seen = {"address in use (failed kernels)": 0, "address in use (ready kernels)": 0, "bad signature": 0}
+    for r in results:
+        text = _read_log(r.get("log"))
+        if "Address already in use" in text:
+            seen["address in use (ready kernels)" if r["ok"] else "address in use (failed kernels)"] += 1
+        if "Invalid Signature" in text:
+            seen["bad signature"] += 1
     return {
         "kernel": name, "n": n, "ready": sum(r["ok"] for r in results), "wall_s": wall,
         "ready_median_s": median([r["ready_s"] for r in results if r["ok"] and "ready_s" in r]),
-        "shutdown_all_s": stop_wall, "left_processes": len(left), "errors": errors,
+        "shutdown_all_s": stop_wall, "left_processes": len(left), "errors": errors, "in_logs": seen,
     }  # fmt: skip
 
 
@@ -293,6 +324,7 @@ def main() -> int:
     ap.add_argument("--no-crowd", action="store_true")
     ap.add_argument("--poll-interval", type=float, default=None, help="GP_POLL_INTERVAL (GP's default 0.5)")
     ap.add_argument("--port-range", default="21000..22000")
+    ap.add_argument("--parts", default="trials,now,crowd", help="comma-separated subset of trials,now,crowd")
     args = ap.parse_args()
 
     # gateway_provisioners reads these when imported
@@ -312,8 +344,9 @@ def main() -> int:
         import importlib.metadata
 
         data["versions"]["gateway_provisioners"] = importlib.metadata.version("gateway_provisioners")
+        parts = set(args.parts.split(","))
         trials: list[dict[str, Any]] = []
-        for rep in range(args.reps + 1):  # the first round warms caches and is dropped
+        for rep in range(args.reps + 1 if "trials" in parts else 0):  # round 0 warms caches and is dropped
             for name, label in KERNELS.items():
                 try:
                     r = _run(_single, name)
@@ -325,10 +358,10 @@ def main() -> int:
                       + ", ".join(f"{k}={fmt(v, 3) if isinstance(v, float) else v}" for k, v in r.items()
                                   if k not in ("kernel", "warmup")), flush=True)  # fmt: skip
         data["trials"] = trials
-        data["now"] = [_run(_now, name) for name in KERNELS]
+        data["now"] = [_run(_now, name) for name in KERNELS] if "now" in parts else []
         for r in data["now"]:
             print(f"  {KERNELS[r['kernel']]:9} now=True: {r}", flush=True)
-        if not args.no_crowd:
+        if not args.no_crowd and "crowd" in parts:
             data["crowd"] = [_run(_crowd, name + CROWD_SUFFIX, args.crowd) for name in KERNELS]
             for r in data["crowd"]:
                 print(f"  crowd {r}", flush=True)
@@ -396,12 +429,23 @@ def _report(data: dict[str, Any]) -> str:
     if data.get("crowd"):
         rows = [[KERNELS[c["kernel"].removesuffix(CROWD_SUFFIX)], f"{c['ready']}/{c['n']}", fmt(c["wall_s"], 2),
                  fmt(c["ready_median_s"], 2), fmt(c["shutdown_all_s"], 2), str(c["left_processes"]),
-                 "; ".join(f"{n}x {e}" for e, n in c["errors"].items()) or "-"] for c in data["crowd"]]  # fmt: skip
+                 "; ".join(f"{n}x {e}" for e, n in c["errors"].items()) or "-",
+                 ", ".join(f"{k}: {v}" for k, v in c["in_logs"].items())] for c in data["crowd"]]  # fmt: skip
         lines += [
             f"Crowd: {data['crowd'][0]['n']} at once, port range {data['args']['port_range']}:",
             "",
             md_table(
-                ["kernel", "ready", "wall s", "median ready s", "shutdown all s", "left processes", "failures"], rows
+                [
+                    "kernel",
+                    "ready",
+                    "wall s",
+                    "median ready s",
+                    "shutdown all s",
+                    "left processes",
+                    "failures",
+                    "kernel logs",
+                ],
+                rows,
             ),
             "",
         ]
