@@ -21,12 +21,16 @@ namespace is in test_gateway_ssh.py.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # gateway_provisioners reads these when its modules are imported.
 os.environ.setdefault("GP_RESPONSE_IP", "127.0.0.1")
-os.environ.setdefault("GP_KERNEL_LOG_DIR", tempfile.mkdtemp(prefix="trikernel-gp-logs-"))
+if "GP_KERNEL_LOG_DIR" not in os.environ:  # GP's per-kernel logs (failing tests print them)
+    os.environ["GP_KERNEL_LOG_DIR"] = tempfile.mkdtemp(prefix="trikernel-gp-logs-")
+    atexit.register(shutil.rmtree, os.environ["GP_KERNEL_LOG_DIR"], ignore_errors=True)
 
 import asyncio
 import contextlib
