@@ -22,6 +22,7 @@ from typing import Any
 import trio
 
 from .badinput import BadInputLog
+from . import fdcapture
 from .config import ConnectionInfo, KernelConfig
 from .dispatch import DispatchDeps, Dispatcher
 from .heartbeat import Heartbeat
@@ -123,6 +124,7 @@ class Kernel:
             self.stdin,
             self.iopub_counters,
             config.capture_fds,
+            fd_backlog_bytes=config.fd_backlog_bytes,
             connection=conn,
             connection_file=connection_file,
         )
@@ -137,6 +139,7 @@ class Kernel:
         bad = self.bad_input.statistics()
         stats["malformed_dropped"] = bad.dropped
         stats["malformed_by_kind"] = bad.by_kind
+        stats.update({f"fd_{k}": v for k, v in fdcapture.statistics().__dict__.items()})
         return stats
 
     def _interrupt_subshells(self) -> None:
