@@ -3,7 +3,8 @@
 
 Parent routing: the parent header is that of ``current_request``, the
 context variable set for every request's code (trio tasks a cell starts
-inherit it), else that of the latest execute request. Text goes into the IOPub queue's
+inherit it; threads and executor work too, threadparent.py), else that of
+the latest execute request. Text goes into the IOPub queue's
 coalescing batches (iopub.py); writing never blocks unless the queue is
 full (backpressure).
 """
@@ -45,7 +46,8 @@ CHILD_LINE_MAX = 4096
 
 #: The request whose code runs in this context: the execute_request in a
 #: cell, the comm_msg in a widget callback. trio tasks inherit it (a task
-#: copies the context it was spawned from).
+#: copies the context it was spawned from), and so do threads and
+#: ThreadPoolExecutor work (threadparent.py).
 current_request: ContextVar[Message | None] = ContextVar("trikernel_request", default=None)
 
 
@@ -219,7 +221,8 @@ class Publisher:
 def install(
     queue: IOPubQueue, parents: ParentTracker, *, capture_fds: bool = True, fd_backlog: int = fdcapture.DEFAULT_BACKLOG
 ) -> None:
-    """Replace sys.stdout/sys.stderr; with ``capture_fds``, also capture
+    """Replace sys.stdout/sys.stderr (threads keep their request:
+    threadparent.py); with ``capture_fds``, also capture
     file descriptors 1 and 2 (subprocesses, ``os.system``, C code, forked
     children) into the same streams (fdcapture.py; ``fd_backlog``: bytes per
     fd held for the notebook before output is dropped, counted and shown).
@@ -227,6 +230,9 @@ def install(
     The kernel's own log and the streams' ``fileno()`` then use saved
     duplicates of the original descriptors (the kernel's terminal).
     """
+    from . import threadparent
+
+    threadparent.install()  # threads and executor work keep the request that started them
     real_out: Any = sys.__stdout__
     real_err: Any = sys.__stderr__
     streams: dict[str, OutStream] = {}
