@@ -157,6 +157,7 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
 
     from . import comms, magics
     from . import shell as shell_mod
+    from .shellkernel import ShellKernel
     from .usernursery import UserNursery
 
     publisher = outstream.Publisher(deps.builder, deps.queue, deps.parents)
@@ -169,7 +170,8 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
     comms.set_shell(shell)
-    shell.kernel = shell_mod.ShellKernel(deps.parents)  # get_ipython().kernel
+    # get_ipython().kernel: what ipywidgets and friends use (shellkernel.py)
+    shell.kernel = ShellKernel(deps.parents, comm_manager=comm_manager, shell=shell, session=deps.builder.session_id)
 
     un = UserNursery(nursery, shell.showtraceback)
     nursery.start_soon(un.host)  # runs before any job: the loop checkpoints first
