@@ -275,6 +275,7 @@ def test_several_writers_at_once(kernel):
 
 
 def _relay_pid(kc: Any) -> int:
+    execute(kc, "pass")  # its flush waits until the relay runs
     pid = int(_stats(kc)["fd_relay_pid"])
     assert pid > 0
     assert psutil.pid_exists(pid)
@@ -311,3 +312,34 @@ def test_a_killed_relay_falls_back_to_reading_the_pipes(fresh_kernel):
         assert time.monotonic() < deadline, "the kernel did not notice the relay's death"
     reply, out = execute(kc, "import os; os.write(1, b'x\\n'); os.system('echo y')")
     assert stdout_of(out) == "x\ny\n"  # still captured, still before idle
+
+
+def test_a_stopped_relay_costs_one_flush_timeout_not_one_per_request(fresh_kernel):
+    """SIGSTOP the relay: one request waits FLUSH_TIMEOUT (2 s) for it, later
+    ones do not wait; once it runs again the flush is exact again."""
+    km, kc = fresh_kernel
+    pid = _relay_pid(kc)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # fd output in the pipe: this flush must ask the stopped relay
+        reply, _ = execute(kc, "import os; os.write(1, b'while stopped\\n')", timeout=DEADLINE)
+        assert reply["content"]["status"] == "ok"
+        for _ in range(3):
+            t0 = time.monotonic()
+            reply, _ = execute(kc, "pass", timeout=DEADLINE)
+            assert reply["content"]["status"] == "ok"
+            assert time.monotonic() - t0 < 1.0  # a generous deadline: no second 2 s wait
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    seen = ""
+    deadline = time.monotonic() + DEADLINE
+    while "while stopped" not in seen:  # late, in whichever cell is the latest then
+        assert time.monotonic() < deadline
+        msg_id = kc.execute("pass")  # its flush takes the relay's late answer
+        seen += stdout_of(_until_idle(kc, msg_id))
+        kc.get_shell_msg(timeout=DEADLINE)
+    reply, out = execute(kc, "import os; os.write(1, b'back\\n')")
+    assert stdout_of(out) == "back\n"
+    stats = _stats(kc)
+    assert stats["fd_flush_timeouts"] >= 1
+    assert stats["fd_mode"] == "relay"

@@ -35,7 +35,9 @@ It exits when the control pipe reaches EOF (the kernel is gone).
 
 Counts: the total bytes dropped per fd are kept in the state memfd (two
 little-endian u64 at offsets 0 and 8, fd 1 then fd 2), which the kernel
-reads for ``%trikernel``; at offset 16, the relay's pid. A failed append (no memory) counts as a drop.
+reads for ``%trikernel``; at offset 16, the relay's pid; at 24, the busy
+byte (1 from before a pipe read until its bytes are in the memfd); at 25
+and 26, a gap byte per fd (1 while dropped bytes wait for their notice). A failed append (no memory) counts as a drop.
 
 argv: ``limit out_pipe out_buf err_pipe err_buf ctl ack bell state`` (ints;
 fd numbers inherited from the kernel).
@@ -51,6 +53,9 @@ import sys
 
 #: Largest read from a capture pipe at once, bytes.
 CHUNK = 1 << 20
+#: Offsets in the state memfd: the busy byte, then one gap byte per fd.
+BUSY = 24
+GAP = 25
 
 
 def _notice(fd: int, dropped: int, limit: int) -> bytes:
@@ -99,17 +104,21 @@ class _Stream:
         if self.dropping and backlog <= limit // 2:
             self._end_gap(limit)
         elif not self.dropping and backlog + len(data) > limit:
-            self.dropping = True
+            self._start_gap()
         if not self.dropping and data:
             try:
                 self.append(data)
                 return
             except OSError:  # ENOMEM/ENOSPC: count it as dropped
-                self.dropping = True
+                self._start_gap()
         if self.dropping:
             self._count(len(data))
             if force_notice:
                 self._end_gap(limit)
+
+    def _start_gap(self) -> None:
+        self.dropping = True
+        os.pwrite(self.state, b"\1", GAP + self.fd - 1)  # the kernel's flush must ask: a notice is due
 
     def _count(self, n: int) -> None:
         if n:
@@ -125,17 +134,26 @@ class _Stream:
                 return  # still no room: stay in the gap
         self.dropped = 0
         self.dropping = False
+        os.pwrite(self.state, b"\0", GAP + self.fd - 1)
 
     def copy(self, limit: int) -> int:
-        """Read what the pipe holds now (at most CHUNK); returns bytes read, -1 at EOF."""
+        """Read what the pipe holds now (at most CHUNK); returns bytes read, -1 at EOF.
+
+        The busy byte is set before the read and cleared after the append:
+        while it is clear, nothing read from a pipe is outside the memfds
+        (the kernel's flush skips asking when the pipes are empty too)."""
+        os.pwrite(self.state, b"\1", BUSY)
         try:
             data = os.read(self.pipe, CHUNK)
         except BlockingIOError:
             return 0
-        if not data:
-            return -1
-        self.take(data, limit)
-        return len(data)
+        else:
+            if not data:
+                return -1
+            self.take(data, limit)
+            return len(data)
+        finally:
+            os.pwrite(self.state, b"\0", BUSY)
 
     def drain(self, limit: int) -> None:
         """Read the pipe until it is empty (a flush request)."""
@@ -152,7 +170,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)  # we end at the control pipe's EOF, after the kernel
     if os.fork():
         os._exit(0)  # the kernel reaps this one; the relay is nobody's child of the kernel
-    os.pwrite(state, os.getpid().to_bytes(8, "little"), 16)
+    os.pwrite(state, os.getpid().to_bytes(8, "little") + b"\0\0\0", 16)  # the pid; busy, gaps: clear
     streams = {out_pipe: _Stream(1, out_pipe, out_buf, state), err_pipe: _Stream(2, err_pipe, err_buf, state)}
     os.set_blocking(bell, False)
     poller = select.poll()

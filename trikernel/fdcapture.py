@@ -17,9 +17,12 @@ by them). What differs is who drains the pipes:
   ``stderr`` stream, then frees the consumed range
   (``fallocate(PUNCH_HOLE)``), so memory holds only the backlog.
 - **flush** (:func:`flush`): on the path before a request's reply, the
-  main thread asks the relay to empty both pipes (a control byte; the relay
-  answers when everything written before the question is in the memfds)
-  and then reads the memfds to their end itself. So fd output written
+  main thread makes sure everything written so far is in the memfds —
+  already true when both pipes are empty and the relay is not between a
+  read and its append (its busy byte); else it asks the relay to empty
+  both pipes (a control byte; the relay answers when everything written
+  before the question is in the memfds) — and then reads the memfds to
+  their end itself. So fd output written
   while a cell runs is on IOPub before that cell's reply and idle — exactly,
   with no sleep.
 
@@ -47,11 +50,13 @@ thread reads the pipes directly.
 from __future__ import annotations
 
 import codecs
+import fcntl
 import logging
 import os
 import select
 import signal
 import sys
+import termios
 import threading
 import time
 from dataclasses import dataclass
@@ -295,11 +300,9 @@ class FdCapture:
         self.stats.flushes += 1
         try:
             with self._flush_lock:
-                if self._relay_alive:
+                if self._relay_alive and not self._nothing_in_flight():
                     try:
-                        os.write(self._ctl, b"F")
-                        self._acks_owed += 1
-                        self._wait_acks()
+                        self._ask_relay()
                     except OSError as exc:
                         self._relay_gone(f"control pipe: {exc.strerror}")
                 self.drain()
@@ -309,9 +312,46 @@ class FdCapture:
         except Exception:
             log.exception("fd capture: flush failed")
 
+    def _nothing_in_flight(self) -> bool:
+        """True if every byte written to the pipes so far is in the memfds
+        already, so the flush need not ask the relay (a few us instead of a
+        round trip to another process). Checked in this order: both pipes
+        empty (FIONREAD), then the relay's busy byte clear — it is set before
+        each pipe read and cleared after the append, so a byte that left a
+        pipe before the first check is in a memfd unless the byte is set —
+        and no drop notice due (the relay writes it when asked)."""
+        if self._acks_owed:
+            return False
+        for s in self._streams:
+            if _pipe_bytes(s.pipe):
+                return False
+        return os.pread(self._state, 3, _BUSY) == b"\0\0\0"  # not busy, no notice due
+
+    def _ask_relay(self) -> None:
+        """One flush request and its answer. While an earlier request is
+        still unanswered (the relay timed out: stopped, or starved of CPU),
+        do not wait again: read what is there, counted as a timeout, until
+        it answers. So a stuck relay costs one FLUSH_TIMEOUT, not one per request."""
+        if self._acks_owed and select.select([self._ack], [], [], 0)[0]:
+            self._take_acks()
+        if self._acks_owed:
+            self.stats.flush_timeouts += 1
+            return
+        os.write(self._ctl, b"F")
+        self._acks_owed = 1
+        self._wait_acks()
+
+    def _take_acks(self) -> None:
+        got = os.read(self._ack, 4096)
+        if not got:
+            self._relay_gone("its ack pipe closed")
+            self._acks_owed = 0
+            return
+        self._acks_owed -= min(len(got), self._acks_owed)
+
     def _wait_acks(self) -> None:
         deadline = time.monotonic() + FLUSH_TIMEOUT
-        while self._acks_owed:
+        while self._acks_owed and self._relay_alive:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self._ack], [], [], left)[0]:
                 self.stats.flush_timeouts += 1
@@ -319,22 +359,30 @@ class FdCapture:
                     self._warned = True
                     log.warning("fd capture: the relay did not answer a flush within %.1fs", FLUSH_TIMEOUT)
                 return
-            got = os.read(self._ack, 4096)
-            if not got:
-                self._relay_gone("its ack pipe closed")
-                return
-            self._acks_owed -= min(len(got), self._acks_owed)  # late answers of timed-out flushes count too
+            self._take_acks()
 
     def statistics(self) -> FdStats:
-        """The counters, with the relay's drop count read now."""
+        """The counters, with the relay's drop count and pid read now (the
+        pid is 0 until the relay runs: the first flush waits for that).
+        Any thread; never blocks."""
         if self._state >= 0:
-            if self._relay_alive and not os.pread(self._state, 24, 0)[16:].strip(b"\0"):
-                self.flush()  # the relay is still starting: its answer says it runs
             raw = os.pread(self._state, 24, 0)
             if len(raw) == 24:
                 self.stats.dropped = int.from_bytes(raw[:8], "little") + int.from_bytes(raw[8:16], "little")
                 self.stats.relay_pid = int.from_bytes(raw[16:], "little") if self._relay_alive else 0
         return self.stats
+
+
+#: Offset of the relay's busy byte in the state memfd, then its two gap
+#: bytes (_fdrelay.BUSY, _fdrelay.GAP).
+_BUSY = 24
+
+
+def _pipe_bytes(fd: int) -> int:
+    """Bytes waiting in pipe ``fd`` (FIONREAD)."""
+    buf = bytearray(4)
+    fcntl.ioctl(fd, termios.FIONREAD, buf)
+    return int.from_bytes(buf, sys.byteorder)
 
 
 _libc: Any = None
