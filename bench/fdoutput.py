@@ -4,8 +4,9 @@ Compares, with real kernels in subprocesses driven by jupyter_client:
 
 - ``trikernel``: this tree (fd 1/2 drained by the relay process, flushed
   before every reply; trikernel/fdcapture.py);
-- ``trikernel-REV``: trikernel at ``--baseline`` (default b491ff5, the pipe
-  drained by a kernel thread, no flush), run from ``git archive REV``;
+- ``trikernel-REV``: trikernel at each ``--baseline`` revision (default
+  b491ff5: the pipe drained by a kernel thread, no flush), run from
+  ``git archive REV``;
 - ``ipykernel`` (``python3``): its pipe-and-thread capture.
 
 Figures (nothing is asserted):
@@ -23,7 +24,7 @@ Figures (nothing is asserted):
     after their idle (late).
 
 Usage: python bench/fdoutput.py [--reps 3] [--mb 20] [--cells 200]
-       [--baseline b491ff5] [--kernels trikernel trikernel-b491ff5 python3]
+       [--baseline b491ff5 [REV ...]] [--kernels trikernel trikernel-b491ff5 python3]
 """
 
 from __future__ import annotations
@@ -69,11 +70,14 @@ WRITER = (
 
 def baseline_kernelspec(rev: str, root: pathlib.Path) -> str:
     """A kernelspec that runs trikernel as of git revision ``rev``; returns its name."""
-    src = root / f"src-{rev}"
+    short = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", rev], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    src = root / f"src-{short}"
     src.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "trikernel"], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
-    name = f"trikernel-{rev}"
+    name = f"trikernel-{short}"
     d = root / "kernels" / name
     d.mkdir(parents=True)
     boot = f"import sys, runpy; sys.path.insert(0, {str(src)!r}); runpy.run_module('trikernel', run_name='__main__', alter_sys=True)"
@@ -189,17 +193,17 @@ def main() -> int:
     ap.add_argument("--mb", type=int, default=20)
     ap.add_argument("--cells", type=int, default=200)
     ap.add_argument("--hang-timeout", type=float, default=10.0)
-    ap.add_argument("--baseline", default="b491ff5")
+    ap.add_argument("--baseline", nargs="+", default=["b491ff5"], help="git revisions to compare with")
     ap.add_argument("--kernels", nargs="*", default=None)
     ap.add_argument("--json", default=str(RESULTS_DIR / "fdoutput.json"))
     args = ap.parse_args()
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="bench-fdoutput-"))
     try:
-        base = baseline_kernelspec(args.baseline, root)
+        bases = [baseline_kernelspec(rev, root) for rev in args.baseline]
         os.environ["JUPYTER_PATH"] = str(root) + os.pathsep + os.environ.get("JUPYTER_PATH", "")
         specs = KernelSpecManager().find_kernel_specs()
-        names = [n for n in (args.kernels or ["trikernel", base, "python3"]) if n in specs]
+        names = [n for n in (args.kernels or ["trikernel", *bases, "python3"]) if n in specs]
         print("fdoutput: kernels", ", ".join(names), file=sys.stderr, flush=True)
         thr = bench_throughput(names, args.reps, args.mb)
         print("fdoutput: throughput done", file=sys.stderr, flush=True)
