@@ -50,6 +50,11 @@ CHILD_LINE_MAX = 4096
 #: ThreadPoolExecutor work (threadparent.py).
 current_request: ContextVar[Message | None] = ContextVar("trikernel_request", default=None)
 
+#: IOPub output a ``silent`` execute request does not broadcast (comm
+#: messages and status still go out: they are not output).
+OUTPUT_TYPES = frozenset({"display_data", "update_display_data", "execute_result", "error", "clear_output"})
+log = logging.getLogger("trikernel.outstream")
+
 
 class ParentTracker:
     """Which request output belongs to (any thread may read it).
@@ -80,6 +85,14 @@ class ParentTracker:
             r = self.latest_request
         return r.header if r is not None else {}
 
+    @staticmethod
+    def silent() -> bool:
+        """True while the code of an ``execute_request`` with ``silent: true``
+        runs in this context: its output is not broadcast (messaging spec
+        "Execute": silent "will not broadcast output on the IOPUB channel")."""
+        r = current_request.get()
+        return r is not None and r.content.get("silent") is True and r.msg_type == "execute_request"
+
     @contextmanager
     def running(self, msg: Message, *, execute: bool = False) -> Iterator[None]:
         """Run a request's code inside: its output is parented to ``msg``
@@ -90,7 +103,9 @@ class ParentTracker:
         Main thread, in the user run (one job or comm task per request).
         """
         token = current_request.set(msg)
-        if execute:
+        if execute and msg.content.get("silent") is not True:
+            # a silent request is invisible: it never becomes the cell that
+            # context-less output (fd 1/2, library threads) is shown in
             self.latest_request = msg
         try:
             yield
@@ -158,6 +173,9 @@ class OutStream(io.TextIOBase):
             if self._fallback is not None:
                 self._fallback.write(s)
             return len(s)
+        if self._parents.silent():
+            self._queue.stats.silenced += 1
+            return len(s)
         self._queue.write_stream(self.name_, s, self._parents.get())
         return len(s)
 
@@ -209,10 +227,12 @@ class Publisher:
         on the kernel's stderr and dropped instead of blocking the child.
         """
         if _ForkState.forked:
-            print(
-                f"trikernel: {msg_type} from forked process {os.getpid()} cannot reach the notebook; dropped",
-                file=sys.__stderr__,
-            )
+            # the kernel's log: its handler writes to the saved real stderr
+            # (the terminal); sys.__stderr__ is fd 2, captured into the notebook
+            log.warning("%s from forked process %d cannot reach the notebook; dropped", msg_type, os.getpid())
+            return
+        if msg_type in OUTPUT_TYPES and self.parents.silent():
+            self.queue.stats.silenced += 1
             return
         msg = self.builder.iopub(msg_type, content, self.parents.get(), metadata=metadata or {}, buffers=buffers)
         self.queue.send_from_thread(msg)
