@@ -450,3 +450,26 @@ def test_silent_requests_broadcast_no_output(kernel: Any) -> None:
     assert [m["msg_type"] for m in out] == ["status", "status"]
     r, out = execute(kc, "print('loud again')")
     assert any(m["msg_type"] == "stream" for m in out)
+
+
+def test_forked_childs_display_notice_goes_to_the_terminal(jupyter_path: str, tmp_path: Any) -> None:
+    """Issue 9.9: a forked child's display() cannot reach the notebook; the
+    notice saying so used to be printed to sys.__stderr__, which is fd 2,
+    captured into the notebook."""
+    log_path = tmp_path / "kernel.log"
+    with open(log_path, "w") as log:
+        km, kc = start_kernel("trikernel-test-signal", stderr=log)
+    try:
+        code = (
+            "import os\nfrom IPython.display import display\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n    display({'text/plain': 'from the child'}, raw=True)\n    os._exit(0)\n"
+            "os.waitpid(pid, 0)\nprint('parent done')"
+        )
+        r, out = execute(kc, code)
+        assert r["content"]["status"] == "ok"
+        text = "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream")
+        assert "parent done" in text and "forked process" not in text, text
+    finally:
+        stop_kernel(km, kc)
+    assert "cannot reach the notebook" in log_path.read_text()
