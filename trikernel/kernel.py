@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .badinput import BadInputLog
+from . import fdcapture
 from .config import ConnectionInfo, KernelConfig
 from .dispatch import DispatchDeps, Dispatcher
 from .heartbeat import Heartbeat
@@ -135,6 +136,7 @@ class Kernel:
             self.stdin,
             self.iopub_counters,
             config.capture_fds,
+            fd_backlog_bytes=config.fd_backlog_bytes,
             connection=conn,
             connection_file=connection_file,
             message_log=message_log,
@@ -150,6 +152,7 @@ class Kernel:
         bad = self.bad_input.statistics()
         stats["malformed_dropped"] = bad.dropped
         stats["malformed_by_kind"] = bad.by_kind
+        stats.update({f"fd_{k}": v for k, v in fdcapture.statistics().__dict__.items()})
         stats["strict"] = self.strict is not None
         if self.message_log is not None:
             mlog = self.message_log.statistics()

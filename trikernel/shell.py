@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from IPython.core import page, payloadpage
@@ -30,7 +30,10 @@ from traitlets import Any as TAny
 from traitlets import Instance, Type
 
 from . import awaitmagics, shellstate, tracebacks
-from .outstream import ParentTracker, Publisher
+from .outstream import Publisher
+
+if TYPE_CHECKING:
+    from .shellkernel import ShellKernel
 
 log = logging.getLogger("trikernel.shell")
 
@@ -143,8 +146,8 @@ class TrikernelShell(InteractiveShell):
     #: the ``error`` content of a failure to format this cell's result (see
     #: TrikernelDisplayHook); per shell lane (shellstate.py)
     _formatting_error = shellstate.PerLane(lambda shell: None)
-    #: what ``get_ipython().kernel`` offers user code (ShellKernel)
-    kernel: Any = None
+    #: what ``get_ipython().kernel`` offers user code (shellkernel.py)
+    kernel: ShellKernel | None = None
 
     def _payloads(self) -> Any:
         pm = self.payload_manager
@@ -249,29 +252,6 @@ class TrikernelShell(InteractiveShell):
 
 
 InteractiveShellABC.register(TrikernelShell)
-
-
-class ShellKernel:
-    """``get_ipython().kernel``: the part of the kernel user code may reach.
-
-    Libraries look here for the request being served (ipywidgets' ``Output``
-    widget calls ``get_parent()``; older ones read ``_parent_header``).
-    Resolved per context: the execute request inside a cell, the comm
-    message inside a widget callback, the starting cell in its background
-    trio tasks. Call from any thread.
-    """
-
-    def __init__(self, parents: ParentTracker):
-        self._parents = parents
-
-    def get_parent(self, channel: str | None = None) -> dict[str, Any]:
-        """The parent *message* (only its ``header`` is filled in) of the
-        code running in this context; ``channel`` is accepted and ignored."""
-        return {"header": self._parents.get(), "parent_header": {}, "metadata": {}, "content": {}}
-
-    @property
-    def _parent_header(self) -> dict[str, Any]:
-        return self.get_parent()
 
 
 def create_shell(publisher: Publisher) -> TrikernelShell:

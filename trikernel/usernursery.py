@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from .outstream import current_parent
+from .outstream import current_request
 
 log = logging.getLogger("trikernel.usernursery")
 
@@ -112,14 +112,14 @@ class UserNursery:
         if self._in_own_run():
             self._nursery.start_soon(guarded, *args, name=name or async_fn)
             return
-        parent = current_parent.get()  # its output still goes to the cell that started it
+        request = current_request.get()  # its output still goes to the cell that started it
 
         def start() -> None:
-            token = current_parent.set(parent)  # inherited by the new task
+            token = current_request.set(request)  # inherited by the new task
             try:
                 self._nursery.start_soon(guarded, *args, name=name or async_fn)
             finally:
-                current_parent.reset(token)
+                current_request.reset(token)
 
         self._token.run_sync_soon(start)
 

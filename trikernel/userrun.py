@@ -222,6 +222,10 @@ class UserRun:
                     setup(nursery)
                 self._send = send
                 self.token = trio.lowlevel.current_trio_token()
+                if self.stopping:
+                    # stop() came while IPython was loading (no token then):
+                    # it could not queue _Stop, so the run stops itself
+                    send.send_nowait(_Stop())
                 on_ready()
                 await self._serve_jobs(recv)
                 nursery.cancel_scope.cancel()
