@@ -166,6 +166,24 @@ def test_host_code_between_batches_wakes_the_run():
     assert guestrun.run(main) == "woken"
 
 
+def test_a_host_that_fails_to_take_a_batch_hands_back_to_the_plain_run(caplog):
+    class BrokenHost(QueueHost):
+        def run_sync_soon_not_threadsafe(self, fn: Any) -> None:
+            raise RuntimeError("the toolkit is gone")
+
+    host = BrokenHost()
+
+    async def main():
+        guestrun.current().use_host(host)
+        for _ in range(3):
+            await trio.lowlevel.checkpoint()  # a batch with more to run: posted "not threadsafe"
+        await trio.sleep(0.01)
+        return guestrun.current().host, guestrun.current().wanted
+
+    assert guestrun.run(main) == (None, None)
+    assert "failed to host the user run; back to the plain run" in caplog.text
+
+
 def _interrupt_soon(delay: float) -> threading.Thread:
     main = threading.main_thread().ident
     assert main is not None

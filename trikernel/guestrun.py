@@ -202,6 +202,8 @@ class GuestRun:
         finally:
             _current = None
             self.host = None
+            if not self._done:  # an error of the driver itself: end trio's run, never leave it installed
+                self._gen.close()
         if self._internal_error is not None:
             raise self._internal_error
         result = runner.main_task_outcome
@@ -240,7 +242,7 @@ class GuestRun:
             host.run_sync_soon_not_threadsafe(self._tick)
         else:
             timeout, self._timeout = self._timeout, None
-            self._after_tick(timeout)
+            self._schedule_next(timeout)
         log.info("the user run is hosted by the %s event loop", host.name)
         # the loop returns once a batch asked for a switch or the run ended
         while not self._done and self._timeout is None:
@@ -261,7 +263,20 @@ class GuestRun:
             return
         finally:
             sniffio.thread_local.name = prev
-        self._after_tick(timeout)
+        self._schedule_next(timeout)
+
+    def _schedule_next(self, timeout: float) -> None:
+        try:
+            self._after_tick(timeout)
+        except Exception:
+            # the host could not take the next batch: without one posted the
+            # run would stall for good, so the plain driver takes over
+            assert self.host is not None
+            log.exception("the %s event loop failed to host the user run; back to the plain run", self.host.name)
+            self._wanted = None
+            self._timeout = timeout
+            self._runner.guest_tick_scheduled = False
+            self.host.stop_loop()
 
     def _finish(self) -> None:
         self._done = True
