@@ -260,34 +260,38 @@ def test_gui_off_returns_to_the_plain_run(tk_kernel):
     assert stdout_of(out) == "tk True\n"
 
 
+def check_matplotlib_redraws_between_cells(kc: ValidatingClient, gui: str) -> None:
+    ok(kc, f"%matplotlib {gui}")
+    ok(
+        kc,
+        "import matplotlib.pyplot as plt\n"
+        "fig, ax = plt.subplots()\n"
+        "line, = ax.plot([0, 1], [0, 1])\n"
+        "def on_draw(event):\n"
+        "    try:\n"
+        "        trio.lowlevel.current_task()\n"
+        "        where = 'in a trio task'\n"
+        "    except RuntimeError:\n"
+        "        where = 'in the GUI loop'\n"
+        "    print('DRAW', [int(y) for y in line.get_ydata()], where, flush=True)\n"
+        "fig.canvas.mpl_connect('draw_event', on_draw)\n",
+    )
+    # a change makes the figure stale: pyplot asks the GUI for a redraw, which
+    # its loop does once the cell has ended (no plt.pause, no draw()); it may
+    # come just before or after the cell's idle status
+    msg_id = kc.execute("line.set_ydata([1, 0])")
+    streams = Streams(kc)
+    streams.text[msg_id] = stdout_of(collect_outputs(kc, msg_id))
+    streams.wait_for(msg_id, re.escape("DRAW [1, 0] in the GUI loop"))
+    _, out = ok(kc, "print(plt.get_backend(), get_ipython().active_eventloop)")
+    assert stdout_of(out).lower() == f"{gui}agg {gui}\n"
+
+
 @needs_tk
 def test_matplotlib_tk_redraws_between_cells(jupyter_path, xvfb_display):
     km, kc = start_kernel("trikernel-test-signal", env=kernel_env(DISPLAY=xvfb_display))
     try:
-        ok(kc, "%matplotlib tk")
-        ok(
-            kc,
-            "import matplotlib.pyplot as plt\n"
-            "fig, ax = plt.subplots()\n"
-            "line, = ax.plot([0, 1], [0, 1])\n"
-            "def on_draw(event):\n"
-            "    try:\n"
-            "        trio.lowlevel.current_task()\n"
-            "        where = 'in a trio task'\n"
-            "    except RuntimeError:\n"
-            "        where = 'in the GUI loop'\n"
-            "    print('DRAW', [int(y) for y in line.get_ydata()], where, flush=True)\n"
-            "fig.canvas.mpl_connect('draw_event', on_draw)\n",
-        )
-        # a change makes the figure stale: pyplot asks Tk for a redraw, which
-        # Tk's loop does once the cell has ended (no plt.pause, no draw()); it
-        # may come just before or after the cell's idle status
-        msg_id = kc.execute("line.set_ydata([1, 0])")
-        streams = Streams(kc)
-        streams.text[msg_id] = stdout_of(collect_outputs(kc, msg_id))
-        streams.wait_for(msg_id, re.escape("DRAW [1, 0] in the GUI loop"))
-        _, out = ok(kc, "print(plt.get_backend(), get_ipython().active_eventloop)")
-        assert stdout_of(out).lower() == "tkagg tk\n"
+        check_matplotlib_redraws_between_cells(kc, "tk")
     finally:
         stop_kernel(km, kc)
 
@@ -376,6 +380,16 @@ def test_qt_gui_off_returns_to_the_plain_run(qt_kernel):
     ok(kc, "%gui")
     _, out = ok(kc, "n = len(ticks)\nawait trio.sleep(0.2)\nprint(guestrun.current().host, len(ticks) > n)")
     assert stdout_of(out) == "None True\n"
+
+
+@needs_qt
+def test_matplotlib_qt_redraws_between_cells(jupyter_path):
+    # offscreen and no DISPLAY: matplotlib alone would call this headless
+    km, kc = start_kernel("trikernel-test-signal", env=kernel_env(QT_QPA_PLATFORM="offscreen"))
+    try:
+        check_matplotlib_redraws_between_cells(kc, "qt")
+    finally:
+        stop_kernel(km, kc)
 
 
 @needs_qt

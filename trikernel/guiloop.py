@@ -116,13 +116,27 @@ def enable_gui(gui: str | None) -> str | None:
     if gui is None or gui in PLAIN:
         driver.use_host(None)
         return None
+    host = prepare_host(gui)
+    driver.use_host(host)
+    return host.name
+
+
+def prepare_host(gui: str) -> guestrun.Host:
+    """The host for ``gui`` (a name in :data:`HOSTED`), created once: the
+    Tcl interpreter, or the QApplication. ``%matplotlib qt`` prepares it
+    before matplotlib picks its backend, so matplotlib finds Qt running
+    (with ``QT_QPA_PLATFORM=offscreen`` and no ``DISPLAY`` it would
+    otherwise call the session headless). Main thread, inside the user run.
+
+    Raises:
+        GuiError: as :func:`enable_gui`.
+    """
     key = "qt" if gui.startswith("qt") else gui
     host = _hosts.get(key)
     if host is None:
         host = TkHost() if key == "tk" else QtHost(gui)
         _hosts[key] = host
-    driver.use_host(host)
-    return key
+    return host
 
 
 def register_magic(shell: Any) -> None:

@@ -179,7 +179,8 @@ class TrikernelShell(InteractiveShell):
 
     def enable_matplotlib(self, gui: str | None = None) -> Any:
         """IPython's, refusing a GUI toolkit trikernel does not integrate
-        before matplotlib switches to its backend."""
+        (or one that cannot start here) before matplotlib switches to its
+        backend."""
         if gui not in (None, "auto"):
             from IPython.core import pylabtools
 
@@ -189,6 +190,8 @@ class TrikernelShell(InteractiveShell):
                 resolved = None  # IPython reports the bad name itself below
             try:
                 guiloop.check_supported(resolved)
+                if resolved in guiloop.HOSTED:
+                    guiloop.prepare_host(resolved)  # Qt: the QApplication matplotlib then finds
             except GuiError as exc:
                 raise UsageError(str(exc)) from None
         return super().enable_matplotlib(gui)
