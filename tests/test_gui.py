@@ -41,7 +41,8 @@ MODES = ["trikernel-test-signal", "trikernel-test-message"]
 INTERRUPT_DEADLINE = 5.0  # seconds: generous; test_lifecycle holds the plain run to 1 s
 
 HAS_TK = importlib.util.find_spec("tkinter") is not None
-QT_BINDING = next((m for m in ("PySide6", "PyQt6") if importlib.util.find_spec(m) is not None), None)
+QT_APIS = {"pyside6": "PySide6", "pyqt6": "PyQt6"}  # QT_API value: module
+QT_BINDING = next((m for m in QT_APIS.values() if importlib.util.find_spec(m) is not None), None)
 needs_tk = pytest.mark.skipif(not HAS_TK, reason="this Python has no tkinter (Debian: python3-tk)")
 needs_qt = pytest.mark.skipif(
     QT_BINDING is None, reason="no Qt 6 binding installed (pip install 'trikernel[gui]' installs PySide6-Essentials)"
@@ -165,11 +166,24 @@ def tk_kernel(request, jupyter_path, xvfb_display) -> Iterator[tuple[KernelManag
     stop_kernel(km, kc)
 
 
-@pytest.fixture(scope="module", params=MODES)
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(
+            (mode, api),
+            id=f"{mode.rsplit('-', 1)[1]}-{api}",
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec(module) is None,
+                reason=f"{module} is not installed (the gui extra brings PySide6)",
+            ),
+        )
+        for mode in MODES
+        for api, module in QT_APIS.items()
+    ],
+)
 def qt_kernel(request, jupyter_path) -> Iterator[tuple[KernelManager, ValidatingClient]]:
-    if QT_BINDING is None:
-        pytest.skip("no Qt 6 binding installed (pip install 'trikernel[gui]' installs PySide6-Essentials)")
-    km, kc = start_kernel(request.param, env=kernel_env(QT_QPA_PLATFORM="offscreen"))
+    mode, api = request.param
+    km, kc = start_kernel(mode, env=kernel_env(QT_QPA_PLATFORM="offscreen", QT_API=api))
     ok(kc, "import time\nimport trikernel.guestrun as guestrun\n" + TICKER)
     yield km, kc
     stop_kernel(km, kc)
