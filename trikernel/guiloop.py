@@ -210,8 +210,10 @@ class TkHost:
             pass  # the pipe is full: a wake-up is pending anyway
 
     def run_sync_soon_not_threadsafe(self, fn: Callable[[], object]) -> None:
-        self._queue.append(fn)
+        # the idle callback runs from the loop, later: queue fn once the call
+        # succeeded, so a failure (the driver then goes plain) leaves nothing queued
         self._interp.tk.call("after", "idle", self._idle_command)
+        self._queue.append(fn)
 
     def _on_readable(self, fd: int, mask: int) -> None:
         try:
@@ -262,10 +264,14 @@ class QtHost:
         self.api = QT_API
 
     def run_sync_soon_threadsafe(self, fn: Callable[[], object]) -> None:
-        self._queue.append(fn)
+        self._queue.append(fn)  # first: the event may be handled before postEvent returns
         self._core.QCoreApplication.postEvent(self._waker, self._core.QEvent(self._event_type))
 
-    run_sync_soon_not_threadsafe = run_sync_soon_threadsafe
+    def run_sync_soon_not_threadsafe(self, fn: Callable[[], object]) -> None:
+        # on the main thread the event is handled later, by the loop: queue fn
+        # once posting succeeded (see TkHost)
+        self._core.QCoreApplication.postEvent(self._waker, self._core.QEvent(self._event_type))
+        self._queue.append(fn)
 
     def loop(self) -> None:
         self._stopping = False
