@@ -1,11 +1,11 @@
 """Run every bench in one go and write bench/results/latest.md (and the per-bench .json/.md).
 
-Each bench runs in its own subprocess (iopub, startup, memory, in that
-order) with a time limit; a bench that fails or times out is reported in
+Each bench runs in its own subprocess (iopub, startup, memory, fdoutput,
+in that order) with a time limit; a bench that fails or times out is reported in
 latest.md and the others still run. One full run takes about 5 minutes on
 2 cores.
 
-Usage: python bench/run_all.py [--quick] [--only iopub startup memory]
+Usage: python bench/run_all.py [--quick] [--only iopub startup memory fdoutput]
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ PLAN = {
     "iopub": (["--reps", "5", "--burst-reps", "5"], 420),
     "startup": (["--reps", "10"], 300),
     "memory": ([], 240),
+    "fdoutput": (["--reps", "3"], 360),
 }
 QUICK = {
     "iopub": ["--reps", "1", "--burst-reps", "1", "--comms", "2000", "--lines", "20000", "--buttons", "100"],
     "startup": ["--reps", "2", "--crowd", "2x3"],
     "memory": ["--comms", "2000", "--stall", "3", "--idle-seconds", "1"],
+    "fdoutput": ["--reps", "1", "--mb", "2", "--cells", "10", "--hang-timeout", "3"],
 }
 
 

@@ -424,3 +424,52 @@ def test_interrupts_while_ipython_loads_do_not_kill_the_kernel(jupyter_path: str
             assert r["content"]["status"] == "ok" and km.is_alive(), mode
         finally:
             stop_kernel(km, kc)
+
+
+def test_silent_requests_broadcast_no_output(kernel: Any) -> None:
+    """Messaging spec "Execute": silent=True "will not broadcast output on the
+    IOPUB channel" (found by the conformance suite; ipykernel and xeus-python
+    broadcast it). Comm messages are not output and still go out; the reply
+    still says what happened. (fd-level output of a silent cell has no
+    context: it goes to the latest visible cell, docs/design.md.)"""
+    km, kc = kernel
+    code = (
+        "import sys, os\nfrom IPython.display import display\n"
+        "print('to stdout'); sys.stderr.write('to stderr\\n')\n"
+        "display({'text/plain': 'shown'}, raw=True)\n"
+        "import comm\nc = comm.create_comm(target_name='silent-target')\n"
+        "42"
+    )
+    r, out = execute(kc, code, silent=True)
+    assert r["content"]["status"] == "ok"
+    types = [m["msg_type"] for m in out]
+    assert types.count("status") == 2 and "comm_open" in types, types
+    assert not {"stream", "display_data", "execute_result", "execute_input", "error"} & set(types), types
+    r, out = execute(kc, "1/0", silent=True)
+    assert r["content"]["ename"] == "ZeroDivisionError"
+    assert [m["msg_type"] for m in out] == ["status", "status"]
+    r, out = execute(kc, "print('loud again')")
+    assert any(m["msg_type"] == "stream" for m in out)
+
+
+def test_forked_childs_display_notice_goes_to_the_terminal(jupyter_path: str, tmp_path: Any) -> None:
+    """Issue 9.9: a forked child's display() cannot reach the notebook; the
+    notice saying so used to be printed to sys.__stderr__, which is fd 2,
+    captured into the notebook."""
+    log_path = tmp_path / "kernel.log"
+    with open(log_path, "w") as log:
+        km, kc = start_kernel("trikernel-test-signal", stderr=log)
+    try:
+        code = (
+            "import os\nfrom IPython.display import display\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n    display({'text/plain': 'from the child'}, raw=True)\n    os._exit(0)\n"
+            "os.waitpid(pid, 0)\nprint('parent done')"
+        )
+        r, out = execute(kc, code)
+        assert r["content"]["status"] == "ok"
+        text = "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream")
+        assert "parent done" in text and "forked process" not in text, text
+    finally:
+        stop_kernel(km, kc)
+    assert "cannot reach the notebook" in log_path.read_text()

@@ -79,8 +79,6 @@ def _add_config_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    from . import sockopts
-
     p = _Parser(
         prog="python -m trikernel",
         description="trikernel: a Jupyter kernel for Python on trio.",
@@ -90,6 +88,14 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-f", "--connection-file", dest="connection_file", required=True, help="connection or registration file"
     )
+    add_kernel_options(p)
+    return p
+
+
+def add_kernel_options(p: argparse.ArgumentParser) -> None:
+    """The kernel's options other than ``-f`` (shared with ``gateway-launch``)."""
+    from . import sockopts
+
     p.add_argument(
         "--log-level",
         type=_log_level,
@@ -103,11 +109,10 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     _add_config_arguments(p)
     sockopts.add_arguments(p)
-    return p
 
 
 def _install_parser() -> argparse.ArgumentParser:
-    from . import sockopts
+    from . import gatewayspec, sockopts
 
     p = _Parser(prog="python -m trikernel install", description="install the trikernel kernelspec")
     where = p.add_mutually_exclusive_group()
@@ -123,6 +128,7 @@ def _install_parser() -> argparse.ArgumentParser:
         help="select the trikernel-handshake provisioner in the kernelspec (JEP 66 start-up)",
     )
     sockopts.add_arguments(p)
+    gatewayspec.add_install_arguments(p)
     return p
 
 
@@ -151,49 +157,74 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["install"]:
         return _install(args[1:])
+    if args[:1] == ["gateway-launch"]:
+        from .gateway import launch
+
+        return launch(args[1:])
     return _run(args)
 
 
 def _install(argv: list[str]) -> int:
-    from . import kernelspec, sockopts
+    from . import gatewayspec, kernelspec, sockopts
 
     args = _install_parser().parse_args(argv)
     try:
         options = sockopts.resolve(args.socket_options or [], {}, args.config)
+        gateway = gatewayspec.spec_from_args(args, options)  # None without --gateway
     except ConfigError as exc:
         return _fail(str(exc))
     # The effective values of --socket-option and --config are baked into
     # argv; TRIKERNEL_SOCKET_OPTIONS is read when the kernel starts.
     prefix = sys.prefix if args.sys_prefix else args.prefix
+    name = gatewayspec.default_name(gateway.gateway) if gateway and args.name == kernelspec.KERNEL_NAME else args.name
     try:
-        dest = kernelspec.install(
-            user=args.user,
-            prefix=prefix,
-            name=args.name,
-            display_name=args.display_name or kernelspec.DISPLAY_NAME,
-            extra_argv=options.as_argv(),
-            interrupt_mode=args.interrupt_mode,
-            handshake=args.handshake,
-        )
+        if gateway is not None:
+            dest = gatewayspec.install(
+                gateway,
+                user=args.user,
+                prefix=prefix,
+                name=name,
+                display_name=args.display_name,
+                interrupt_mode=args.interrupt_mode,
+            )
+        else:
+            dest = kernelspec.install(
+                user=args.user,
+                prefix=prefix,
+                name=name,
+                display_name=args.display_name or kernelspec.DISPLAY_NAME,
+                extra_argv=options.as_argv(),
+                interrupt_mode=args.interrupt_mode,
+                handshake=args.handshake,
+            )
+    except ConfigError as exc:
+        return _fail(str(exc))
     except ValueError as exc:  # jupyter_client's kernel name check
-        return _fail(f"--name: {args.name!r} is not a valid kernelspec name ({exc})")
+        return _fail(f"--name: {name!r} is not a valid kernelspec name ({exc})")
     except OSError as exc:
         where = f"--prefix {prefix}" if prefix else ("--user" if args.user else "the system kernelspec folder")
         return _fail(f"cannot install into {where}: {exc.strerror or exc}", EXIT_RUNTIME)
-    print(f"Installed kernelspec {args.name} in {dest}")
+    print(f"Installed kernelspec {name} in {dest}")
     return 0
 
 
 def _parse_run_args(argv: list[str]) -> tuple[argparse.Namespace, KernelConfig]:
     """Parse argv and the environment; raises ConfigError naming the field."""
     args = _run_parser().parse_args(argv)
+    return args, kernel_config(args)
+
+
+def kernel_config(args: argparse.Namespace) -> KernelConfig:
+    """The KernelConfig of options :func:`add_kernel_options` added (and
+    ``--log-level``'s default from the environment, set on ``args``).
+    Raises ConfigError naming the field."""
     if args.log_level is None:
         try:
             args.log_level = _log_level(os.environ.get(LOG_LEVEL_ENV, "WARNING"))
         except argparse.ArgumentTypeError as exc:
             raise ConfigError(f"{LOG_LEVEL_ENV}: {exc}") from None
     values: dict[str, Any] = {f.name: getattr(args, f.name) for f in dataclasses.fields(KernelConfig)}
-    return args, KernelConfig(**values)
+    return KernelConfig(**values)
 
 
 def _run(argv: list[str]) -> int:

@@ -299,6 +299,12 @@ class KernelConfig:
         "terminal instead of the notebook",
         flag="--no-capture-fd",
     )
+    fd_backlog_bytes: int = knob(
+        64 << 20,
+        "fd 1 (and fd 2) output held for the notebook; more is dropped, counted and shown",
+        unit="bytes",
+        minimum=1 << 16,
+    )
 
     @property
     def wire_limits(self) -> WireLimits:

@@ -17,6 +17,12 @@ the channels it is accepted on, its lane and its handler, as xeus's
   control (comm_open / comm_msg / comm_close, comm_info), so a widget's
   ``on_msg`` runs while an async cell awaits.
 
+Shell requests are served by a :class:`ShellLane`: the main shell's, or a
+subshell's when the header carries ``subshell_id`` (JEP 91, subshells.py).
+Each lane has its own sequential backlog, abort window and user run (a
+subshell's runs on its own thread); an unknown ``subshell_id`` gets an
+error reply.
+
 :meth:`Dispatcher.bracket` is the one place that publishes ``status: busy``,
 runs the handler, sends the reply and publishes ``status: idle`` (messaging
 spec "Kernel status": busy/idle with the request as parent, the reply before
@@ -36,6 +42,7 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -53,11 +60,16 @@ from .wire import Message, Signer, serialize, utcnow_iso
 
 if TYPE_CHECKING:
     from .jobs import ShellJobs
+    from .subshells import SubshellRegistry
 
 log = logging.getLogger("trikernel.dispatch")
 
-#: Received but not yet started sequential requests (bounded backlog, messages).
+#: Received but not yet started sequential requests, per shell lane (bounded backlog, messages).
 SHELL_BACKLOG = 256
+#: Seconds a create_subshell_request waits for the new subshell's trio run.
+SUBSHELL_START_TIMEOUT = 10.0
+#: Seconds a delete_subshell_request of an idle subshell waits for its thread to end.
+SUBSHELL_END_WAIT = 2.0
 #: Concurrent-lane jobs in flight at once.
 CONCURRENT_LIMIT = 64
 #: Seconds the bracket waits at most to queue a status message when
@@ -102,6 +114,45 @@ class _Queued:
     msg: Message
     seq: int  # arrival number on the shell channel
     arrived: float  # trio.current_time() when it was read
+
+
+@dataclass(eq=False)
+class ShellLane:
+    """One sequential lane of the shell channel (io run): the main shell's
+    (``subshell_id`` None) or a subshell's.
+
+    ``send``/``recv``: its backlog (SHELL_BACKLOG); ``user_run``: where its
+    jobs run; ``ready``: set once that run takes jobs; ``abort``: its
+    stop_on_error window (per subshell, as ipykernel); ``current``: the
+    request being served; ``deleted``: delete_subshell_request came — the
+    queued requests are answered without running and the lane ends.
+    """
+
+    subshell_id: str | None
+    user_run: UserRun
+    ready: trio.Event
+    send: trio.MemorySendChannel[_Queued]
+    recv: trio.MemoryReceiveChannel[_Queued]
+    abort: AbortWindow = field(default_factory=lambda: AbortWindow())
+    current: _Queued | None = None
+    deleted: bool = False
+
+    @classmethod
+    def open(cls, subshell_id: str | None, user_run: UserRun, ready: trio.Event) -> ShellLane:
+        send, recv = trio.open_memory_channel[_Queued](SHELL_BACKLOG)
+        return cls(subshell_id, user_run, ready, send, recv)
+
+    @property
+    def idle(self) -> bool:
+        return self.current is None and self.send.statistics().current_buffer_used == 0
+
+    @property
+    def full(self) -> bool:
+        return self.send.statistics().current_buffer_used >= SHELL_BACKLOG
+
+
+#: The shell lane the current io-run task serves (None: the main shell's).
+_serving: ContextVar[ShellLane | None] = ContextVar("trikernel_serving_lane", default=None)
 
 
 @dataclass
@@ -163,7 +214,8 @@ class DispatchDeps:
     - ``parse``: frames → Message or None (inbound.py);
     - ``kernel_info``: ``kernel_info_reply`` content;
     - ``request_shutdown``: begins an orderly shutdown (thread-safe);
-    - ``bad_input``: counts and logs (rate-limited) what peers got wrong.
+    - ``bad_input``: counts and logs (rate-limited) what peers got wrong;
+    - ``subshells``: the subshell registry (None: subshells not offered).
     """
 
     builder: MessageBuilder
@@ -175,6 +227,7 @@ class DispatchDeps:
     request_shutdown: Callable[[], None]
     bad_input: BadInputLog
     sockets: dict[str, TrioSocket] = field(default_factory=dict)
+    subshells: SubshellRegistry | None = None
 
 
 class Dispatcher:
@@ -185,9 +238,8 @@ class Dispatcher:
         self._jobs: ShellJobs | None = None
         self._jobs_ready = trio.Event()
         self._shell_seq = 0
-        self._abort = AbortWindow()
-        self._current: _Queued | None = None
-        self._seq_send: trio.MemorySendChannel[_Queued] | None = None
+        self._main_lane = ShellLane.open(None, deps.user_run, self._jobs_ready)
+        self._lanes: dict[str, ShellLane] = {}  # subshell lanes by subshell_id
         self._limiter = trio.CapacityLimiter(CONCURRENT_LIMIT)
         self._nursery: trio.Nursery | None = None
         self._processes: dict[int, Any] = {}  # psutil.Process by pid, for usage_request
@@ -205,9 +257,7 @@ class Dispatcher:
         async with trio.open_nursery() as nursery:
             if channel == "shell":
                 self._nursery = nursery
-                send, recv = trio.open_memory_channel[_Queued](SHELL_BACKLOG)
-                self._seq_send = send
-                nursery.start_soon(self._sequential_lane, recv)
+                nursery.start_soon(self._sequential_lane, self._main_lane)
             task_status.started()
             while True:
                 # no local keeps a message alive between two receives: a
@@ -220,15 +270,21 @@ class Dispatcher:
         if msg is None:
             return
         route = self.route_of(channel, msg.msg_type)
-        if route.lane is Lane.SEQUENTIAL:
-            assert self._seq_send is not None
-            await self._seq_send.send(self._arrival(msg))
-        elif route.lane is Lane.CONCURRENT:
+        if route.lane is Lane.IO:
+            await self.bracket(channel, msg, route.handler)
+            return
+        lane = self.lane_of(msg)
+        if lane is None:
+            await self.bracket(channel, msg, _unknown_subshell)
+        elif route.lane is Lane.SEQUENTIAL:
+            try:
+                await lane.send.send(self._arrival(msg))
+            except trio.ClosedResourceError:  # deleted while this waited for room
+                await self.bracket(channel, msg, _subshell_deleted)
+        else:
             borrower = object()
             await self._limiter.acquire_on_behalf_of(borrower)
-            nursery.start_soon(self._concurrent, channel, msg, route, borrower)
-        else:
-            await self.bracket(channel, msg, route.handler)
+            nursery.start_soon(self._concurrent, channel, msg, route, borrower, lane)
 
     def route_of(self, channel: str, msg_type: str) -> Route:
         """The route of ``msg_type`` on ``channel``; unknown types (or known
@@ -237,6 +293,14 @@ class Dispatcher:
         if route is None or channel not in route.channels:
             return UNKNOWN
         return route
+
+    def lane_of(self, msg: Message) -> ShellLane | None:
+        """The shell lane ``msg`` goes to: by ``header.subshell_id`` (JEP 91),
+        the main shell's when absent or null; None for an unknown id."""
+        subshell_id = msg.header.get("subshell_id")
+        if subshell_id is None:
+            return self._main_lane
+        return self._lanes.get(subshell_id) if isinstance(subshell_id, str) else None
 
     def _arrival(self, msg: Message) -> _Queued:
         self._shell_seq += 1
@@ -297,17 +361,29 @@ class Dispatcher:
         self._d.sockets[channel].send_nowait(serialize(msg, self._d.signer))
 
     # -- lanes -------------------------------------------------------------------
-    async def _sequential_lane(self, recv: trio.MemoryReceiveChannel[_Queued]) -> None:
-        async for q in recv:
-            route = self.route_of("shell", q.msg.msg_type)
-            handler = _aborted if self._abort.covers(q) else route.handler
-            self._current = q
-            try:
-                await self.bracket("shell", q.msg, handler)
-            finally:
-                self._current = None
+    async def _sequential_lane(self, lane: ShellLane) -> None:
+        """Serve ``lane``'s backlog one request at a time; a subshell's lane
+        ends when it is deleted (after the request it is serving, the queued
+        ones answered unrun), then its user run is stopped."""
+        _serving.set(lane)
+        try:
+            async for q in lane.recv:
+                route = self.route_of("shell", q.msg.msg_type)
+                if lane.deleted:
+                    handler: Handler = _subshell_deleted
+                else:
+                    handler = _aborted if lane.abort.covers(q) else route.handler
+                lane.current = q
+                try:
+                    await self.bracket("shell", q.msg, handler)
+                finally:
+                    lane.current = None
+        finally:
+            if lane.subshell_id is not None:
+                lane.user_run.stop()
 
-    async def _concurrent(self, channel: str, msg: Message, route: Route, borrower: object) -> None:
+    async def _concurrent(self, channel: str, msg: Message, route: Route, borrower: object, lane: ShellLane) -> None:
+        _serving.set(lane)
         try:
             await self.bracket(channel, msg, route.handler)
         finally:
@@ -322,11 +398,13 @@ class Dispatcher:
         whatever the job raised.
         """
         await self._jobs_ready.wait()
+        lane = _serving.get() or self._main_lane  # the main shell's outside the shell lanes
+        await lane.ready.wait()
         job = Job(fn)
         if concurrent:
-            self._d.user_run.start_task_soon(job)
+            lane.user_run.start_task_soon(job)
         else:
-            self._d.user_run.start_job_soon(job)
+            lane.user_run.start_job_soon(job)
         await job.done.wait()
         if isinstance(job.error, KeyboardInterrupt):
             raise JobInterrupted(f"interrupted: {job.error!r}")
@@ -334,15 +412,15 @@ class Dispatcher:
             raise job.error
         return job.result
 
-    def _start_abort(self, failed: _Queued) -> None:
-        """stop_on_error: open the abort window for ``failed`` (before its
-        reply leaves, so nothing sent after the client saw it is covered)."""
+    def _start_abort(self, lane: ShellLane, failed: _Queued) -> None:
+        """stop_on_error: open ``lane``'s abort window for ``failed`` (before
+        its reply leaves, so nothing sent after the client saw it is covered)."""
         self._drain_shell()
         sent = _posix_time(failed.msg.header.get("date"))
         spent = trio.current_time() - failed.arrived
         log.debug("stop_on_error: aborting execute requests up to #%d, and of session %s sent before %s (+%.4fs)",
                   self._shell_seq, failed.msg.header.get("session"), failed.msg.header.get("date"), spent)
-        self._abort = AbortWindow(
+        lane.abort = AbortWindow(
             upto_seq=self._shell_seq,
             session=failed.msg.header.get("session") if sent is not None else None,
             sent_before=sent + spent if sent is not None else None,
@@ -350,10 +428,10 @@ class Dispatcher:
 
     def _drain_shell(self) -> None:
         """Move every message already in the shell socket into the lanes, without
-        waiting (stops early if the sequential backlog is full)."""
+        waiting (stops early when any lane's sequential backlog is full)."""
         sock = self._d.sockets["shell"]
-        assert self._seq_send is not None and self._nursery is not None
-        while self._seq_send.statistics().current_buffer_used < SHELL_BACKLOG:
+        assert self._nursery is not None
+        while not (self._main_lane.full or any(lane.full for lane in self._lanes.values())):
             frames = sock.recv_multipart_nowait()
             if frames is None:
                 return
@@ -362,17 +440,20 @@ class Dispatcher:
             if msg is None:
                 continue
             route = self.route_of("shell", msg.msg_type)
-            if route.lane is Lane.SEQUENTIAL:
-                self._seq_send.send_nowait(self._arrival(msg))
-            elif route.lane is Lane.CONCURRENT:
-                self._nursery.start_soon(self._concurrent_waiting, msg, route)
-            else:
+            lane = self.lane_of(msg) if route.lane is not Lane.IO else None
+            if route.lane is Lane.IO:
                 self._nursery.start_soon(self.bracket, "shell", msg, route.handler)
+            elif lane is None:
+                self._nursery.start_soon(self.bracket, "shell", msg, _unknown_subshell)
+            elif route.lane is Lane.SEQUENTIAL:
+                lane.send.send_nowait(self._arrival(msg))
+            else:
+                self._nursery.start_soon(self._concurrent_waiting, msg, route, lane)
 
-    async def _concurrent_waiting(self, msg: Message, route: Route) -> None:
+    async def _concurrent_waiting(self, msg: Message, route: Route, lane: ShellLane) -> None:
         borrower = object()
         await self._limiter.acquire_on_behalf_of(borrower)
-        await self._concurrent("shell", msg, route, borrower)
+        await self._concurrent("shell", msg, route, borrower, lane)
 
     # -- handlers: io lane -------------------------------------------------------
     async def kernel_info(self, msg: Message) -> Reply:
@@ -383,8 +464,60 @@ class Dispatcher:
         return Reply({"status": "ok", "restart": restart}, after=self._d.request_shutdown)
 
     async def interrupt(self, msg: Message) -> Reply:
+        """The kernel's interrupt (JEP 91: kernel-wide): the main shell's
+        running code and, through ``UserRun.on_interrupt`` (as for a
+        signal-mode interrupt), every busy subshell's."""
         self._d.user_run.interrupt()
         return Reply({"status": "ok"})
+
+    # -- handlers: subshells (JEP 91), io lane on control -------------------------
+    async def create_subshell(self, msg: Message) -> Reply:
+        """``create_subshell_request``: a new subshell with its own thread and
+        trio run; answered once that run takes requests."""
+        registry = self._d.subshells
+        if registry is None:
+            return _subshell_error("RuntimeError", "this kernel does not offer subshells")
+        assert self._nursery is not None, "the shell channel is served before control answers"
+        run = registry.create()
+        lane = ShellLane.open(run.subshell_id, run, run.ready)
+        self._lanes[run.subshell_id] = lane
+        self._nursery.start_soon(self._sequential_lane, lane)
+        with trio.move_on_after(SUBSHELL_START_TIMEOUT):
+            await run.ready.wait()
+        if not run.ready.is_set():
+            self._drop_lane(run.subshell_id)
+            return _subshell_error("RuntimeError", f"the subshell did not start within {SUBSHELL_START_TIMEOUT}s")
+        return Reply({"status": "ok", "subshell_id": run.subshell_id})
+
+    async def delete_subshell(self, msg: Message) -> Reply:
+        """``delete_subshell_request``: answered at once. The subshell ends
+        after the request it is running; requests queued for it get an
+        error reply (``SubshellDeleted``). An idle subshell's thread has
+        ended when the reply leaves (bounded by SUBSHELL_END_WAIT)."""
+        subshell_id = msg.content.get("subshell_id")
+        lane = self._lanes.get(subshell_id) if isinstance(subshell_id, str) else None
+        if lane is None or self._d.subshells is None:
+            return _subshell_error("UnknownSubshellError", f"Unknown subshell_id {subshell_id!r}")
+        idle = lane.idle
+        run = self._drop_lane(lane.subshell_id)
+        if idle and run is not None:
+            with trio.move_on_after(SUBSHELL_END_WAIT):
+                await run.ended.wait()
+        return Reply({"status": "ok"})
+
+    async def list_subshell(self, msg: Message) -> Reply:
+        """``list_subshell_request``: the ids of the subshells (not the main
+        shell's), in creation order."""
+        return Reply({"status": "ok", "subshell_id": list(self._lanes)})
+
+    def _drop_lane(self, subshell_id: str | None) -> Any:
+        lane = self._lanes.pop(subshell_id, None) if subshell_id is not None else None
+        registry = self._d.subshells
+        run = registry.remove(subshell_id) if registry is not None and subshell_id is not None else None
+        if lane is not None:
+            lane.deleted = True
+            lane.send.close()  # the lane task ends after its backlog, then stops the run
+        return run
 
     async def usage(self, msg: Message) -> Reply:
         """``usage_request`` (ipykernel 7, read by jupyter-resource-usage):
@@ -443,8 +576,9 @@ class Dispatcher:
         content: dict[str, Any] = await self.in_user_run(lambda: jobs.execute(msg))
         failed = content.get("status") == "error"
         if failed and _flag(msg.content, "stop_on_error", True) and not _flag(msg.content, "silent", False):
-            if self._current is not None and self._current.msg is msg:
-                self._start_abort(self._current)
+            lane = _serving.get()
+            if lane is not None and lane.current is not None and lane.current.msg is msg:
+                self._start_abort(lane, lane.current)
         metadata = {
             "started": started,
             "dependencies_met": True,
@@ -502,6 +636,34 @@ async def _aborted(d: Dispatcher, msg: Message) -> Reply:
     return Reply(content, metadata)
 
 
+def _subshell_error(ename: str, evalue: str) -> Reply:
+    return Reply({"status": "error", "ename": ename, "evalue": evalue, "traceback": []})
+
+
+def _shell_error(d: Dispatcher, msg: Message, ename: str, evalue: str) -> Reply | None:
+    """An error reply to a shell request that was not run (None for comm messages)."""
+    if not msg.msg_type.endswith("_request"):
+        return None
+    reply = _subshell_error(ename, evalue)
+    if msg.msg_type == "execute_request":
+        reply.content["execution_count"] = d._jobs.execution_count if d._jobs is not None else 0
+    return reply
+
+
+async def _unknown_subshell(d: Dispatcher, msg: Message) -> Reply | None:
+    """A shell message for a ``subshell_id`` that names no subshell (JEP 91:
+    an error). Requests get an error reply; every message gets busy/idle."""
+    subshell_id = msg.header.get("subshell_id")
+    log.info("%s for unknown subshell %s", msg.msg_type, short(repr(subshell_id)))
+    return _shell_error(d, msg, "UnknownSubshellError", f"Unknown subshell_id {subshell_id!r}")
+
+
+async def _subshell_deleted(d: Dispatcher, msg: Message) -> Reply | None:
+    """A request queued for a subshell that was deleted before it ran."""
+    subshell_id = msg.header.get("subshell_id")
+    return _shell_error(d, msg, "SubshellDeleted", f"subshell {subshell_id!r} was deleted before this request ran")
+
+
 def _sync(fn: Callable[[Message], Any], msg: Message) -> Callable[[], Awaitable[Any]]:
     """An async job body that calls the synchronous ``fn(msg)``."""
 
@@ -537,6 +699,9 @@ ROUTES: dict[str, Route] = {
     "shutdown_request": Route(_BOTH, Lane.IO, Dispatcher.shutdown),
     "interrupt_request": Route(_BOTH, Lane.IO, Dispatcher.interrupt),
     "usage_request": Route(_CONTROL, Lane.IO, Dispatcher.usage),
+    "create_subshell_request": Route(_CONTROL, Lane.IO, Dispatcher.create_subshell),
+    "delete_subshell_request": Route(_CONTROL, Lane.IO, Dispatcher.delete_subshell),
+    "list_subshell_request": Route(_CONTROL, Lane.IO, Dispatcher.list_subshell),
 }
 
 #: The route of anything not in ROUTES.

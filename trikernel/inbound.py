@@ -13,6 +13,7 @@ import logging
 
 from .badinput import BadInputLog
 from .errors import ProtocolError
+from .heap import HeapTrimmer
 from .wire import DEFAULT_LIMITS, Message, Signer, WireLimits, deserialize
 
 log = logging.getLogger("trikernel.inbound")
@@ -30,12 +31,16 @@ class InboundParser:
         self._signer = signer
         self.bad_input = bad_input
         self._limits = limits
+        self.heap = HeapTrimmer()
 
     def __call__(self, channel: str, frames: list[bytes]) -> Message | None:
         try:
             msg = deserialize(frames, self._signer, self._limits)
         except ProtocolError as exc:  # deserialize raises nothing else
             self.bad_input.record(channel, exc.kind, str(exc))
+            size = sum(len(f) for f in frames)
+            frames.clear()  # the caller's list: the frames are freed before the heap is trimmed
+            self.heap.dropped(size)
             return None
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: received %s %s", channel, msg.msg_type, msg.msg_id)

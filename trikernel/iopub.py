@@ -96,6 +96,8 @@ class IOPubStats:
       or bad data; each is logged with its traceback).
     - ``dropped_closed``: messages produced after the queue closed at
       shutdown (user threads still printing); dropped, never blocked on.
+    - ``silenced``: output of ``silent`` execute requests not broadcast, as
+      the spec asks (stream writes and display/result/error messages).
     """
 
     sent: int = 0
@@ -109,6 +111,7 @@ class IOPubStats:
     producer_blocks: int = 0
     send_errors: int = 0
     dropped_closed: int = 0
+    silenced: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -23,6 +23,7 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -33,6 +34,9 @@ from .messages import MessageBuilder
 from .sockets import TrioSocket
 from .stdinbridge import StdinBridge
 from .userrun import UserRun
+
+if TYPE_CHECKING:
+    from .subshells import SubshellRegistry
 
 log = logging.getLogger("trikernel.iorun")
 
@@ -54,6 +58,8 @@ class IORunParts:
     config: KernelConfig
     #: extra io-run services (e.g. a gateway comm port), each started with task_status
     services: tuple[Callable[..., object], ...] = ()
+    #: the subshells (JEP 91), stopped beside the main user run at shutdown
+    subshells: SubshellRegistry | None = None
 
 
 class IORun:
@@ -139,11 +145,16 @@ class IORun:
         run = self._p.user_run
         run.stop()
         grace = self._p.config.shutdown_grace
-        stopped = await trio.to_thread.run_sync(run.stopped.wait, grace, abandon_on_cancel=True)
-        if not stopped and run.busy:
-            log.warning("user code still running at shutdown; interrupting it")
-            run.interrupt()
-            await trio.to_thread.run_sync(run.stopped.wait, 1.0, abandon_on_cancel=True)
+        subshells = self._p.subshells
+        async with trio.open_nursery() as nursery:
+            if subshells is not None:  # at the same time as the main run, within the same grace
+                subshells.stop_all()
+                nursery.start_soon(subshells.wait_stopped, grace)
+            stopped = await trio.to_thread.run_sync(run.stopped.wait, grace, abandon_on_cancel=True)
+            if not stopped and run.busy:
+                log.warning("user code still running at shutdown; interrupting it")
+                run.interrupt()
+                await trio.to_thread.run_sync(run.stopped.wait, 1.0, abandon_on_cancel=True)
 
     async def _watch_parent(self) -> None:
         """Shut down when the launching process dies (``JPY_PARENT_PID``).

@@ -9,9 +9,11 @@ as a job's result.
 sender for display, errors and comms, ``comm``, the IPython shell, the user
 nursery, the ``%trikernel`` magic and the output streams.
 :class:`ShellJobs` then runs one request at a time (or, for comm messages,
-concurrently), each with its request's header as the ``current_parent``
-context variable, so everything the job prints or displays is parented to
-that request (messaging spec "IOPub": ``parent_header``).
+concurrently), each inside ``ParentTracker.running(msg)``: the request is
+the ``current_request`` context variable, so everything the job prints or
+displays is parented to it (messaging spec "IOPub": ``parent_header``), and
+fd 1/2 output written meanwhile is published before the job returns, i.e.
+before the reply (fdcapture.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import outstream
+from . import outstream, shellstate
 from .iopub import IOPubQueue
 from .messages import MessageBuilder
 from .wire import Message
@@ -66,18 +68,17 @@ class ShellJobs:
         ``silent``), runs the cell, returns ``execute_reply`` content."""
         from . import shell as shell_mod
 
-        token = outstream.current_parent.set(msg.header)
-        self.parents.latest = msg.header
-        try:
-            if not msg.content.get("silent", False):
-                code = msg.content.get("code", "")
-                code = code if isinstance(code, str) else str(code)  # what shell.execute runs
-                self.shell.publisher.send("execute_input", {"code": code, "execution_count": self.execution_count})
-            return await shell_mod.execute(
-                self.shell, msg.content, lambda prompt, password: self.stdin.request_input(msg, prompt, password)
-            )
-        finally:
-            outstream.current_parent.reset(token)
+        silent = bool(msg.content.get("silent", False))
+        with self.parents.running(msg, execute=True):
+            # the cell takes its number now: a cell on another lane may start meanwhile
+            with shellstate.cell(self.shell, bool(msg.content.get("store_history", not silent))) as number:
+                if not silent:
+                    code = msg.content.get("code", "")
+                    code = code if isinstance(code, str) else str(code)  # what shell.execute runs
+                    self.shell.publisher.send("execute_input", {"code": code, "execution_count": number})
+                return await shell_mod.execute(
+                    self.shell, msg.content, lambda prompt, password: self.stdin.request_input(msg, prompt, password)
+                )
 
     def complete(self, msg: Message) -> dict[str, Any]:
         from . import shell as shell_mod
@@ -104,11 +105,8 @@ class ShellJobs:
         manager's handler (``on_msg`` callbacks, comm targets)."""
         from . import comms
 
-        token = outstream.current_parent.set(msg.header)
-        try:
+        with self.parents.running(msg):
             comms.dispatch(self.comm_manager, msg)
-        finally:
-            outstream.current_parent.reset(token)
 
     def comm_info(self, msg: Message) -> dict[str, Any]:
         from . import comms
@@ -119,11 +117,8 @@ class ShellJobs:
     def _with_parent(
         self, msg: Message, fn: Callable[[TrikernelShell, dict[str, Any]], dict[str, Any]]
     ) -> dict[str, Any]:
-        token = outstream.current_parent.set(msg.header)
-        try:
+        with self.parents.running(msg):
             return fn(self.shell, msg.content)
-        finally:
-            outstream.current_parent.reset(token)
 
 
 @dataclass(frozen=True)
@@ -136,7 +131,9 @@ class UserSideDeps:
     - ``stats``: returns the IOPub counters for ``%trikernel``;
     - ``capture_fds``: capture file descriptors 1 and 2 (KernelConfig);
     - ``connection``, ``connection_file``: what ``%connect_info`` prints (the
-      connection info with the bound ports; a file holding it, or None).
+      connection info with the bound ports; a file holding it, or None);
+    - ``fd_backlog_bytes``: bytes per captured fd held for the notebook
+      before more is dropped, counted and shown (KernelConfig).
     """
 
     builder: MessageBuilder
@@ -147,6 +144,7 @@ class UserSideDeps:
     capture_fds: bool
     connection: ConnectionInfo | None = None
     connection_file: str | None = None
+    fd_backlog_bytes: int = 64 << 20
 
 
 def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
@@ -159,6 +157,7 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
 
     from . import comms, magics
     from . import shell as shell_mod
+    from .shellkernel import ShellKernel
     from .usernursery import UserNursery
 
     publisher = outstream.Publisher(deps.builder, deps.queue, deps.parents)
@@ -171,7 +170,8 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
     comms.set_shell(shell)
-    shell.kernel = shell_mod.ShellKernel(deps.parents)  # get_ipython().kernel
+    # get_ipython().kernel: what ipywidgets and friends use (shellkernel.py)
+    shell.kernel = ShellKernel(deps.parents, comm_manager=comm_manager, shell=shell, session=deps.builder.session_id)
 
     un = UserNursery(nursery, shell.showtraceback)
     nursery.start_soon(un.host)  # runs before any job: the loop checkpoints first
@@ -182,5 +182,5 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
     magics.register(shell, deps.stats)
     info = deps.connection.to_dict() if deps.connection is not None else None
     magics.register_kernel_magics(shell, magics.ConnectionFile(info, deps.connection_file) if info else None)
-    outstream.install(deps.queue, deps.parents, capture_fds=deps.capture_fds)
+    outstream.install(deps.queue, deps.parents, capture_fds=deps.capture_fds, fd_backlog=deps.fd_backlog_bytes)
     return ShellJobs(shell, comm_manager, deps.parents, deps.stdin)

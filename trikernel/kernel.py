@@ -22,6 +22,7 @@ from typing import Any
 import trio
 
 from .badinput import BadInputLog
+from . import fdcapture
 from .config import ConnectionInfo, KernelConfig
 from .dispatch import DispatchDeps, Dispatcher
 from .heartbeat import Heartbeat
@@ -33,6 +34,7 @@ from .messages import MessageBuilder, kernel_info_content
 from .outstream import ParentTracker
 from .sockets import BoundSockets, TrioSocket
 from .stdinbridge import StdinBridge
+from .subshells import SubshellRegistry, register_magic
 from .userrun import UserRun
 from .wire import Signer
 
@@ -73,6 +75,8 @@ class Kernel:
         self.parents = ParentTracker()
         self.user_run = UserRun()
         self.bad_input = BadInputLog(config.bad_input_log_interval)
+        self.subshells = SubshellRegistry()
+        self.user_run.on_interrupt = self._interrupt_subshells
         parse = InboundParser(signer, self.bad_input, config.wire_limits)
         self.stdin = StdinBridge(builder, signer, parse, self.bad_input)
         self.iopub = IOPubTask(
@@ -96,6 +100,7 @@ class Kernel:
                 request_shutdown=self.request_shutdown,
                 bad_input=self.bad_input,
                 sockets={name: TrioSocket(bound.sockets[name], name) for name in ("shell", "control")},
+                subshells=self.subshells,
             )
         )
         self.io = IORun(
@@ -108,7 +113,8 @@ class Kernel:
                 TrioSocket(bound.sockets["stdin"], "stdin"),
                 self.user_run,
                 config,
-                (self.bad_input.run, *services),
+                (self.bad_input.run, parse.heap.run, self.subshells.serve, *services),
+                self.subshells,
             )
         )
         self._user_side = UserSideDeps(
@@ -118,6 +124,7 @@ class Kernel:
             self.stdin,
             self.iopub_counters,
             config.capture_fds,
+            fd_backlog_bytes=config.fd_backlog_bytes,
             connection=conn,
             connection_file=connection_file,
         )
@@ -132,7 +139,17 @@ class Kernel:
         bad = self.bad_input.statistics()
         stats["malformed_dropped"] = bad.dropped
         stats["malformed_by_kind"] = bad.by_kind
+        stats.update({f"fd_{k}": v for k, v in fdcapture.statistics().__dict__.items()})
         return stats
+
+    def _interrupt_subshells(self) -> None:
+        """UserRun.on_interrupt (main thread, maybe in the SIGINT handler):
+        the io run interrupts the busy subshells (JEP 91: interrupts are
+        kernel-wide)."""
+        try:
+            self.io.token.run_sync_soon(self.subshells.interrupt_busy)
+        except trio.RunFinishedError:
+            pass  # the io run has ended (shutdown)
 
     def request_shutdown(self) -> None:
         """Begin an orderly shutdown (thread-safe)."""
@@ -157,6 +174,7 @@ class Kernel:
 
     def _set_up_user_side(self, nursery: trio.Nursery) -> None:
         self._jobs = set_up(nursery, self._user_side)
+        register_magic(self._jobs.shell, self.subshells)
 
     def _user_side_ready(self) -> None:
         assert self._jobs is not None

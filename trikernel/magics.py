@@ -17,7 +17,8 @@ does with it.
 - ``%less``, ``%more``, ``%man``: through the pager (a ``page`` payload).
 - ``%clear``: runs ``clear``, as ipykernel.
 - ``%autosave N``: the classic Notebook's JavaScript, as ipykernel.
-- ``%subshell``: says that trikernel has no subshells (JEP 91).
+- ``%subshell``: which subshell runs this cell and which there are, as
+  ipykernel 7 (JEP 91; registered by subshells.py).
 - ``%qtconsole``: not supported; a UsageError names the command to run.
 - ``%autoawait``: IPython's switch, limited to what trikernel can honour:
   cells always run in trikernel's trio run, so ``on``/``off``/``trio``.
@@ -180,11 +181,6 @@ class KernelMagics(Magics):
             Javascript(f"IPython.notebook.set_autosave_interval({1000 * interval})"), include=["application/javascript"]
         )
         print(f"Autosaving every {interval} seconds" if interval else "Autosave disabled")
-
-    @line_magic
-    def subshell(self, arg_s: str = "") -> None:
-        """List subshells (JEP 91); trikernel has none."""
-        print("Kernel does not support subshells")
 
     @line_magic
     def autoawait(self, parameter_s: str = "") -> None:

@@ -112,7 +112,7 @@ def _static_kernel_info() -> dict[str, Any]:
             {"text": "trio", "url": "https://trio.readthedocs.io/"},
         ],
         "debugger": False,
-        "supported_features": [],
+        "supported_features": ["kernel subshells"],  # JEP 91 (subshells.py), named as JEP 92 asks
     }
 
 

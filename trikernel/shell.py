@@ -11,13 +11,11 @@ so top-level ``await`` of trio code works with no magic.
 from __future__ import annotations
 
 import base64
-import builtins
-import getpass
 import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from IPython.core import page, payloadpage
@@ -26,13 +24,17 @@ from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import StdinNotImplementedError, UsageError
 from IPython.core.interactiveshell import ExecutionResult, InteractiveShell, InteractiveShellABC
+from IPython.core.payload import PayloadManager
 from IPython.utils.tokenutil import token_at_cursor
 from traitlets import Any as TAny
 from traitlets import Instance, Type
 
-from . import awaitmagics, guiloop, tracebacks
+from . import awaitmagics, guiloop, shellstate, tracebacks
 from .errors import GuiError
-from .outstream import ParentTracker, Publisher
+from .outstream import Publisher
+
+if TYPE_CHECKING:
+    from .shellkernel import ShellKernel
 
 log = logging.getLogger("trikernel.shell")
 
@@ -117,6 +119,10 @@ class TrikernelShell(InteractiveShell):
     display_pub_class = Type(TrikernelDisplayPublisher)
     exiter = Instance(ZMQExitAutocall)
     publisher = TAny()
+    # per shell lane (main shell, subshells): cells on two lanes run at once (shellstate.py)
+    execution_count = shellstate.ExecutionCount()  # type: ignore[assignment]
+    payload_manager = shellstate.PerLane(lambda shell: PayloadManager(parent=shell))  # type: ignore[assignment]
+    _last_traceback = shellstate.PerLane(lambda shell: [])
 
     def _exiter_default(self) -> ZMQExitAutocall:
         return ZMQExitAutocall(self)
@@ -138,10 +144,11 @@ class TrikernelShell(InteractiveShell):
         self._payloads().write_payload({"source": "ask_exit", "keepkernel": self.keepkernel_on_exit})
 
     keepkernel_on_exit = False
-    #: the ``error`` content of a failure to format this cell's result (see TrikernelDisplayHook)
-    _formatting_error: dict[str, Any] | None = None
-    #: what ``get_ipython().kernel`` offers user code (ShellKernel)
-    kernel: Any = None
+    #: the ``error`` content of a failure to format this cell's result (see
+    #: TrikernelDisplayHook); per shell lane (shellstate.py)
+    _formatting_error = shellstate.PerLane(lambda shell: None)
+    #: what ``get_ipython().kernel`` offers user code (shellkernel.py)
+    kernel: ShellKernel | None = None
 
     def _payloads(self) -> Any:
         pm = self.payload_manager
@@ -280,29 +287,6 @@ class TrikernelShell(InteractiveShell):
 InteractiveShellABC.register(TrikernelShell)
 
 
-class ShellKernel:
-    """``get_ipython().kernel``: the part of the kernel user code may reach.
-
-    Libraries look here for the request being served (ipywidgets' ``Output``
-    widget calls ``get_parent()``; older ones read ``_parent_header``).
-    Resolved per context: the execute request inside a cell, the comm
-    message inside a widget callback, the starting cell in its background
-    trio tasks. Call from any thread.
-    """
-
-    def __init__(self, parents: ParentTracker):
-        self._parents = parents
-
-    def get_parent(self, channel: str | None = None) -> dict[str, Any]:
-        """The parent *message* (only its ``header`` is filled in) of the
-        code running in this context; ``channel`` is accepted and ignored."""
-        return {"header": self._parents.get(), "parent_header": {}, "metadata": {}, "content": {}}
-
-    @property
-    def _parent_header(self) -> dict[str, Any]:
-        return self.get_parent()
-
-
 def create_shell(publisher: Publisher) -> TrikernelShell:
     shell = TrikernelShell.instance(publisher=publisher)
     shell.displayhook.publisher = publisher
@@ -354,14 +338,11 @@ async def execute(
         code = str(code)
 
     fwd = InputForwarder(request_input)
-    saved = builtins.input, getpass.getpass
-    builtins.input = fwd.input if allow_stdin else _no_stdin  # type: ignore[assignment]
-    getpass.getpass = fwd.getpass if allow_stdin else _no_stdin  # type: ignore[assignment]
     shell._last_traceback = []
     shell._formatting_error = None
     if isinstance(shell.displayhook, TrikernelDisplayHook):
         shell.displayhook.formatting = False  # left set if the last result's formatting raised out
-    try:
+    with shellstate.route_input(fwd.input if allow_stdin else _no_stdin, fwd.getpass if allow_stdin else _no_stdin):
         preprocessing_exc_tuple = None
         try:
             transformed = shell.transform_cell(code)
@@ -395,8 +376,6 @@ async def execute(
             shell.events.trigger("post_execute")
             if not silent:
                 shell.events.trigger("post_run_cell", shell.last_execution_result)
-    finally:
-        builtins.input, getpass.getpass = saved
 
     reply: dict[str, Any] = {"execution_count": shell.execution_count - 1}
     err = result.error_before_exec or result.error_in_exec

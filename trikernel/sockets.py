@@ -15,6 +15,7 @@ barrier ZeroMQ asks for when a socket changes threads).
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -73,11 +74,16 @@ def _apply_curve(sock: zmq.Socket, conn: ConnectionInfo) -> None:
     sock.curve_publickey = conn.curve_publickey
 
 
-def create_and_bind(conn: ConnectionInfo, configure: Configure) -> BoundSockets:
+def create_and_bind(
+    conn: ConnectionInfo, configure: Configure, *, port_range: tuple[int, int] | None = None
+) -> BoundSockets:
     """Create, configure and bind all five channels.
 
-    Ports of 0 in ``conn`` are bound randomly. Raises BindError naming the
-    channel and port if a bind fails; already-created sockets are closed.
+    Ports of 0 in ``conn`` are bound randomly: anywhere, or with
+    ``port_range=(lower, upper)`` (inclusive, TCP only) on a free port in
+    that range (gateway launchers' ``--port-range``; see :func:`bind_in_range`).
+    Raises BindError naming the channel and port if a bind fails;
+    already-created sockets are closed.
     """
     ctx = zmq.Context()
     hb_ctx = zmq.Context()  # heartbeat on its own context: its C loop never shares an io thread
@@ -98,6 +104,8 @@ def create_and_bind(conn: ConnectionInfo, configure: Configure) -> BoundSockets:
             try:
                 if port > 0:
                     sock.bind(conn.url(channel, port))
+                elif conn.transport == "tcp" and port_range is not None:
+                    port = bind_in_range(sock, f"{channel} channel", functools.partial(conn.url, channel), port_range)
                 elif conn.transport == "tcp":
                     port = sock.bind_to_random_port(f"tcp://{conn.ip}")
                 else:
@@ -114,6 +122,31 @@ def create_and_bind(conn: ConnectionInfo, configure: Configure) -> BoundSockets:
         raise
     log.debug("bound %s", ports)
     return BoundSockets(ctx, hb_ctx, socks, ports)
+
+
+def bind_in_range(sock: Any, what: str, url: Callable[[int], Any], port_range: tuple[int, int]) -> int:
+    """Bind ``sock`` to a free port in ``port_range`` (inclusive); return the port.
+
+    Ports are tried in random order, each at most once, so a free port is
+    found whenever the range has one; the socket keeps the port it bound
+    (nothing is released and re-bound later, so no other process can take
+    it in between). ``url(port)`` is what ``sock.bind`` takes: a ZeroMQ
+    endpoint, or a ``(host, port)`` pair for a stdlib socket. A port in use
+    (EADDRINUSE) or forbidden (EACCES) is skipped; any other error is
+    raised. Raises BindError naming ``what`` when no port in the range is free.
+    """
+    import random  # only on this path
+
+    lower, upper = port_range
+    for port in random.sample(range(lower, upper + 1), upper - lower + 1):
+        try:
+            sock.bind(url(port))
+        except (zmq.ZMQError, OSError) as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                continue
+            raise
+        return port
+    raise BindError(f"cannot bind {what}: no free port in the port range {lower}..{upper}")
 
 
 def _bind_random_ipc(sock: zmq.Socket, conn: ConnectionInfo) -> int:
@@ -216,7 +249,9 @@ class TrioSocket:
             if now - self._last_drop_log >= DROP_LOG_INTERVAL:
                 self._last_drop_log = now
                 why = "peer past its high-water mark" if exc.errno == zmq.EAGAIN else "peer is gone"
-                log.warning("%s: a message could not be delivered (%s); %d dropped so far", self.name, why, self.dropped)
+                log.warning(
+                    "%s: a message could not be delivered (%s); %d dropped so far", self.name, why, self.dropped
+                )
             return False
         finally:
             self._wake_reader()

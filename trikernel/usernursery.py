@@ -22,6 +22,8 @@ from typing import Any
 
 import trio
 
+from .outstream import current_request
+
 log = logging.getLogger("trikernel.usernursery")
 
 
@@ -34,6 +36,7 @@ class UserNursery:
         output (the shell's ``showtraceback``)."""
         self._nursery = nursery  # until host() runs: the user run's own nursery
         self._showtraceback = showtraceback
+        self._token = trio.lowlevel.current_trio_token()  # the main user run's
 
     async def host(self) -> None:
         """Hold the user tasks' nursery open; reopen it after a user cancels it.
@@ -99,8 +102,26 @@ class UserNursery:
         return guarded
 
     def start_soon(self, async_fn: Callable[..., Awaitable[Any]], *args: Any, name: object = None) -> None:
-        """Start ``async_fn(*args)`` in the background (trio.Nursery.start_soon)."""
-        self._nursery.start_soon(self._guard(async_fn), *args, name=name or async_fn)
+        """Start ``async_fn(*args)`` in the background (trio.Nursery.start_soon).
+
+        From another trio run (a subshell's cell, subshells.py) or a thread,
+        the task is handed to the main user run through its token and starts
+        there soon after.
+        """
+        guarded = self._guard(async_fn)
+        if self._in_own_run():
+            self._nursery.start_soon(guarded, *args, name=name or async_fn)
+            return
+        request = current_request.get()  # its output still goes to the cell that started it
+
+        def start() -> None:
+            token = current_request.set(request)  # inherited by the new task
+            try:
+                self._nursery.start_soon(guarded, *args, name=name or async_fn)
+            finally:
+                current_request.reset(token)
+
+        self._token.run_sync_soon(start)
 
     async def start(self, async_fn: Callable[..., Awaitable[Any]], *args: Any, name: object = None) -> Any:
         """Start and wait until it calls ``task_status.started()`` (trio.Nursery.start).
@@ -108,7 +129,15 @@ class UserNursery:
         An error before ``started()`` is raised here, in the awaiting cell;
         one after it is shown as an error output of this cell.
         """
+        if not self._in_own_run():
+            raise RuntimeError("nursery.start() must be awaited in the main shell; use nursery.start_soon() here")
         return await self._nursery.start(self._guard(async_fn, raise_before_started=True), *args, name=name or async_fn)
+
+    def _in_own_run(self) -> bool:
+        try:
+            return trio.lowlevel.current_trio_token() is self._token
+        except RuntimeError:  # no trio run in this thread
+            return False
 
     def __repr__(self) -> str:
         return f"<trikernel user nursery: {len(self._nursery.child_tasks)} tasks>"

@@ -119,6 +119,10 @@ class UserRun:
     when the run has returned).
     """
 
+    #: False for a run on another thread (a subshell, subshells.py): signals
+    #: are the main thread's, so the SIGINT handling here is skipped
+    on_main_thread = True
+
     def __init__(self) -> None:
         self.token: trio.lowlevel.TrioToken | None = None
         self.stopped = threading.Event()
@@ -126,7 +130,11 @@ class UserRun:
         self.busy = False
         self.stopping = False
         self._send: trio.MemorySendChannel[Job | _Stop] | None = None
-        self._trio_sigint: Any = None  # trio's SIGINT handler, once the run is up
+        self._trio_sigint: Any = None  # trio's SIGINT handler (wrapped), once the run is up
+        #: called (main thread, from the SIGINT handler or interrupt()) on every
+        #: interrupt of this run, before it is delivered: the kernel interrupts
+        #: its busy subshells there. Must be quick and must not raise.
+        self.on_interrupt: Callable[[], None] | None = None
 
     # -- thread-safe: called from the io run ------------------------------------
     def start_job_soon(self, job: Job) -> None:
@@ -180,6 +188,8 @@ class UserRun:
         assert main is not None
         if signal.getsignal(signal.SIGINT) in (signal.SIG_DFL, signal.SIG_IGN, None):
             log.warning("SIGINT is disabled by user code; raising KeyboardInterrupt in the main thread instead")
+            if self.on_interrupt is not None:
+                self.on_interrupt()
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(KeyboardInterrupt))
             return
         signal.pthread_kill(main, signal.SIGINT)
@@ -191,7 +201,8 @@ class UserRun:
         ``setup(nursery)`` runs first (IPython is loaded there); then
         ``on_ready()`` tells the io side that jobs may be submitted.
         """
-        _enable_sigint()
+        if self.on_main_thread:
+            _enable_sigint()
         try:
             # trio.run, except that %gui can move the run onto a GUI event loop and back
             guestrun.run(self._main, setup, on_ready)
@@ -203,14 +214,22 @@ class UserRun:
                 raise
 
     async def _main(self, setup: Callable[[trio.Nursery], None], on_ready: Callable[[], None]) -> None:
-        self._trio_sigint = signal.getsignal(signal.SIGINT)  # installed by trio.run
+        if self.on_main_thread:
+            self._trio_sigint = self._wrap_sigint(signal.getsignal(signal.SIGINT))  # trio.run installed it
         send, recv = trio.open_memory_channel[Job | _Stop](SEQ_BUFFER)
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
-                _protected_setup(setup, nursery)
+                if self.on_main_thread:
+                    _protected_setup(setup, nursery)
+                else:
+                    setup(nursery)
                 self._send = send
                 self.token = trio.lowlevel.current_trio_token()
+                if self.stopping:
+                    # stop() came while IPython was loading (no token then):
+                    # it could not queue _Stop, so the run stops itself
+                    send.send_nowait(_Stop())
                 on_ready()
                 await self._serve_jobs(recv)
                 nursery.cancel_scope.cancel()
@@ -237,6 +256,21 @@ class UserRun:
                 await job.run(before_done=self._restore_sigint)
             finally:
                 self.busy = False
+
+    def _wrap_sigint(self, trio_handler: Any) -> Any:
+        """Install a SIGINT handler that calls :attr:`on_interrupt`, then
+        trio's (which sees the interrupted frame, so its KI protection holds):
+        a signal-mode interrupt reaches the subshells too."""
+        if not callable(trio_handler):
+            return trio_handler
+
+        def handler(signum: int, frame: Any) -> None:
+            if self.on_interrupt is not None:
+                self.on_interrupt()
+            trio_handler(signum, frame)
+
+        signal.signal(signal.SIGINT, handler)
+        return handler
 
     def _restore_sigint(self) -> None:
         """Put trio's SIGINT handler back if user code replaced it."""

@@ -168,10 +168,12 @@ def _check_depth(data: bytes, limit: int) -> None:
         return
     depth, left = 0, limit - passes
     for start in range(0, len(rest), _DEPTH_CHUNK):
-        running = list(accumulate(map(_STEP.__getitem__, rest[start : start + _DEPTH_CHUNK]), initial=depth))
-        if max(running) > left:
+        chunk = rest[start : start + _DEPTH_CHUNK]
+        # max over the iterator: no list of 64 Ki ints (which fragments
+        # pymalloc's arenas and keeps memory of dropped input resident)
+        if max(accumulate(map(_STEP.__getitem__, chunk), initial=depth)) > left:
             raise ProtocolError(f"JSON nests deeper than {limit} levels", "too_deep")
-        depth = running[-1]
+        depth += chunk.count(b"[") - chunk.count(b"]")
     if depth != 0:  # unbalanced: not JSON (the parser will say so, or fail deeper)
         raise ProtocolError(f"JSON nests deeper than {limit} levels or is unbalanced", "too_deep")
 
@@ -269,9 +271,12 @@ class Signer:
         return hmac.digest(self.key, b"".join(parts), self._digest).hex().encode()
 
     def verify(self, signature: bytes, parts: Sequence[bytes]) -> None:
-        """Check ``signature`` over ``parts`` and record it against replay.
+        """Check ``signature`` over ``parts``: present, right, not seen before.
 
-        Raises ProtocolError for a missing, wrong or replayed signature.
+        Raises ProtocolError for a missing, wrong or replayed signature. A
+        good one is *not* recorded here: :meth:`remember` it once the
+        message was accepted, so that nothing is kept for a message that is
+        dropped later (it would fail again if replayed).
         """
         if not self.key:
             return
@@ -280,10 +285,15 @@ class Signer:
         expected = self.sign(parts)
         if not hmac.compare_digest(expected, bytes(signature)):
             raise ProtocolError("bad message signature", "bad_signature")
-        sig = bytes(signature)
-        if sig in self._seen:
+        if bytes(signature) in self._seen:
             raise ProtocolError("replayed message signature", "replayed")
-        self._seen[sig] = None
+
+    def remember(self, signature: bytes) -> None:
+        """Record an accepted message's signature against replay (bounded:
+        the most recent ``replay_window``)."""
+        if not self.key:
+            return
+        self._seen[bytes(signature)] = None
         if len(self._seen) > self._window:
             self._seen.popitem(last=False)
 
@@ -373,6 +383,7 @@ def _deserialize(frames: Sequence[bytes], signer: Signer, limits: WireLimits) ->
         if not isinstance(header.get(key), str) or not header.get(key):
             raise ProtocolError(f"header field {key!r} missing or not a string", "bad_header")
     _check_dates(header)
+    signer.remember(signature)
     return Message(header, parent, metadata, content, tuple(buffers), tuple(identities))
 
 

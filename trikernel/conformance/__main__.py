@@ -1,0 +1,9 @@
+"""``python -m trikernel.conformance`` is ``trikernel-conformance``."""
+
+from __future__ import annotations
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,47 @@
+"""Verdicts: what one check returns, and the exceptions that end a check early.
+
+A check returns a :class:`Verdict` (``passed``/``failed``/``skipped``) or
+raises :class:`Fail` (a departure found deep in a helper, e.g. a deadline
+that passed) or :class:`Skip`. The ``figure`` is the measured fact that
+decided it ("0 of 20 queued cells ran", "no idle within 10 s").
+
+Pure; any thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Status = Literal["PASS", "FAIL", "SKIP"]
+
+
+class Fail(Exception):
+    """The kernel departed from the spec; ``str(exc)`` is the figure."""
+
+
+class Skip(Exception):
+    """The check does not apply to this kernel; ``str(exc)`` says why."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Status
+    figure: str
+
+
+def passed(figure: str) -> Verdict:
+    return Verdict("PASS", figure)
+
+
+def failed(figure: str) -> Verdict:
+    return Verdict("FAIL", figure)
+
+
+def skipped(why: str) -> Verdict:
+    return Verdict("SKIP", why)
+
+
+def verdict(ok: bool, figure: str) -> Verdict:
+    """PASS if ``ok`` else FAIL, with the same figure."""
+    return Verdict("PASS" if ok else "FAIL", figure)

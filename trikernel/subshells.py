@@ -1,0 +1,289 @@
+"""Kernel subshells (JEP 91): more shells, each on its own thread, one namespace.
+
+Threads: a subshell is a thread named ``trikernel-subshell-<id>`` running
+its own trio run (:class:`SubshellRun`, a :class:`~trikernel.userrun.UserRun`
+off the main thread), so top-level ``await`` works in its cells and they run
+while the main shell is busy. The io run serves it like the main shell: its
+shell lane (dispatch.py ``ShellLane``) hands its requests, one at a time, to
+its run through the same ``Job`` hand-off; comm messages sent over it run as
+tasks of its run. All subshells share the one IPython shell, the user
+namespace, the IOPub queue and the stdin bridge; what a running cell owns is
+kept per subshell by shellstate.py. ``trikernel.nursery`` stays the main
+run's.
+
+:class:`SubshellRegistry` is owned by the io run (create, remove, interrupt,
+stop); :meth:`SubshellRegistry.ids` and :meth:`SubshellRegistry.id_of_thread`
+may be called from any thread (``%subshell``).
+
+Interrupts (JEP 91: "handled at the kernel level"): ``interrupt_request``
+interrupts the main shell and every busy subshell. ipykernel interrupts only
+the main thread (a signal reaches no other thread). A subshell cell waiting
+at a trio checkpoint gets KeyboardInterrupt there, as trio delivers it in
+the main thread's run; a cell running Python code without checkpoints gets
+it as an asynchronous exception once it has stayed in that code for
+SYNC_INTERRUPT_DELAY; a blocking C call (``time.sleep``, a lock) returns
+first, since only the main thread's system calls are broken by the signal.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from . import shellstate
+from .userrun import UserRun
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+log = logging.getLogger("trikernel.subshells")
+
+#: Seconds a subshell cell must stay in one trio step (Python code with no
+#: checkpoint) after an interrupt before it is raised there asynchronously.
+#: No event says "the thread is still in user code": a sync cell never
+#: yields, so we look again after this long.
+SYNC_INTERRUPT_DELAY = 0.1
+#: Seconds a busy subshell gets after an interrupt at shutdown.
+INTERRUPT_GRACE = 1.0
+THREAD_PREFIX = "trikernel-subshell-"
+
+
+class _StepWatch(trio.abc.Instrument):
+    """Counts the steps of a run's main task (where its cells run) and says
+    whether one is under way (trio's Instrument API; subshell thread)."""
+
+    def __init__(self) -> None:
+        self.main: trio.lowlevel.Task | None = None
+        self.stepping = False
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.main:
+            self.stepping = True
+            self.steps += 1
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.main:
+            self.stepping = False
+
+
+def _current_runner() -> Any:
+    """trio's Runner of the calling thread's run, for ``deliver_ki``: trio has
+    no public way to raise KeyboardInterrupt in a run off the main thread.
+    None if this trio no longer has it (interrupts then only use the
+    asynchronous exception)."""
+    try:
+        from trio._core._run import GLOBAL_RUN_CONTEXT
+
+        runner = GLOBAL_RUN_CONTEXT.runner
+    except (ImportError, AttributeError):
+        return None
+    return runner if callable(getattr(runner, "deliver_ki", None)) else None
+
+
+class SubshellRun(UserRun):
+    """A subshell's user run on its own thread (JEP 91 "child subshell").
+
+    Created and driven by the io run: :meth:`start`, ``start_job_soon`` /
+    ``start_task_soon`` (thread-safe, as for the main run), :meth:`stop`,
+    :meth:`interrupt`. ``ready`` and ``ended`` are ``trio.Event``\\ s of the
+    io run, set when the run takes jobs and when the thread is done.
+    """
+
+    on_main_thread = False
+
+    def __init__(self, subshell_id: str):
+        super().__init__()
+        self.subshell_id = subshell_id
+        self.ready = trio.Event()
+        self.ended = trio.Event()
+        self._io_token = trio.lowlevel.current_trio_token()
+        self._watch = _StepWatch()
+        self._runner: Any = None
+        self._interrupt_steps: int | None = None
+        self.thread = threading.Thread(target=self._thread_main, name=THREAD_PREFIX + subshell_id, daemon=True)
+
+    def start(self) -> None:
+        """Start the thread (io run)."""
+        self.thread.start()
+
+    # -- the subshell's thread ----------------------------------------------------
+    def _thread_main(self) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # SIGINT is the main thread's
+        # set before trio.run: trio copies this context into every task of the run
+        shellstate.current_lane.set(shellstate.LaneState(self.subshell_id))
+        try:
+            self.run(self._setup, lambda: self._tell_io(self.ready.set))
+        except BaseException:
+            log.exception("subshell %s failed", self.subshell_id)
+        finally:
+            self.stopped.set()
+            self._tell_io(self.ended.set)
+
+    def _setup(self, nursery: trio.Nursery) -> None:
+        self._watch.main = trio.lowlevel.current_task()  # the run's main task serves the jobs
+        trio.lowlevel.add_instrument(self._watch)
+        self._runner = _current_runner()
+
+    def _tell_io(self, fn: Callable[[], None]) -> None:
+        try:
+            self._io_token.run_sync_soon(fn)
+        except trio.RunFinishedError:
+            pass  # the io run has ended (shutdown)
+
+    # -- io run --------------------------------------------------------------------
+    def interrupt(self) -> None:
+        """Interrupt the running cell, if any (io run; module docstring).
+
+        First as trio does for a protected main thread: KeyboardInterrupt is
+        delivered to the run's main task at the checkpoint it waits at or
+        reaches next. :meth:`interrupt_running_code`, SYNC_INTERRUPT_DELAY
+        later, raises it in code that has not reached one.
+        """
+        if not self.busy:
+            return
+        self._interrupt_steps = self._watch.steps
+        if self._runner is not None:
+            self._runner.deliver_ki()
+
+    def interrupt_running_code(self) -> None:
+        """Second stage of :meth:`interrupt` (io run): if the cell is still in
+        the trio step it was in when interrupted, it is running Python code
+        with no checkpoint: raise KeyboardInterrupt in the thread."""
+        steps, self._interrupt_steps = self._interrupt_steps, None
+        watch = self._watch
+        if steps is None or not self.busy or not watch.stepping or watch.steps != steps:
+            return
+        ident = self.thread.ident
+        if ident is None:
+            return
+        if self._runner is not None:
+            self._runner.ki_pending = False  # delivered here instead, not again at the next checkpoint
+        log.info("subshell %s: raising KeyboardInterrupt in running code", self.subshell_id)
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+
+
+class SubshellRegistry:
+    """The subshells of this kernel (io run, except where noted)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards _listed for readers on other threads
+        self._listed: dict[str, SubshellRun] = {}  # created and not deleted, in creation order
+        self._live: set[SubshellRun] = set()  # threads not yet ended (deleted ones included)
+        self._nursery: trio.Nursery | None = None
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """An io-run service: holds the nursery of the interrupts' second stage."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def create(self) -> SubshellRun:
+        """A new subshell: a fresh UUID (JEP 91 leaves the form to the
+        kernel; ipykernel uses uuid4 too), its thread started."""
+        run = SubshellRun(str(uuid.uuid4()))
+        with self._lock:
+            self._listed[run.subshell_id] = run
+        self._live.add(run)
+        run.start()
+        self._forget_when_ended(run)
+        log.info("subshell %s created", run.subshell_id)
+        return run
+
+    def _forget_when_ended(self, run: SubshellRun) -> None:
+        async def forget() -> None:
+            await run.ended.wait()
+            self._live.discard(run)
+
+        if self._nursery is not None:
+            self._nursery.start_soon(forget)
+
+    def remove(self, subshell_id: str) -> SubshellRun | None:
+        """Unlist a subshell (its lane stops its run when done); None if unknown."""
+        with self._lock:
+            run = self._listed.pop(subshell_id, None)
+        if run is not None:
+            log.info("subshell %s deleted", subshell_id)
+        return run
+
+    def interrupt_busy(self) -> None:
+        """Interrupt every busy subshell (``interrupt_request``)."""
+        busy = [run for run in self._live if run.busy]
+        for run in busy:
+            run.interrupt()
+        if busy and self._nursery is not None:
+            self._nursery.start_soon(self._second_stage, busy)
+
+    async def _second_stage(self, runs: list[SubshellRun]) -> None:
+        await trio.sleep(SYNC_INTERRUPT_DELAY)
+        for run in runs:
+            run.interrupt_running_code()
+
+    def stop_all(self) -> None:
+        """Shutdown: every subshell ends after its current request."""
+        with self._lock:
+            self._listed.clear()
+        for run in self._live:
+            run.stop()
+
+    async def wait_stopped(self, grace: float) -> None:
+        """Wait up to ``grace`` seconds for every subshell thread to end;
+        interrupt those still busy and wait INTERRUPT_GRACE more. Threads
+        still running then (a blocking C call) are daemon threads: they end
+        with the process."""
+        with trio.move_on_after(grace):
+            for run in list(self._live):
+                await run.ended.wait()
+        busy = [run for run in self._live if not run.ended.is_set()]
+        if not busy:
+            return
+        log.warning("%d subshell(s) still running at shutdown; interrupting them", len(busy))
+        for run in busy:
+            run.interrupt()
+        await trio.sleep(SYNC_INTERRUPT_DELAY)
+        for run in busy:
+            run.interrupt_running_code()
+        with trio.move_on_after(INTERRUPT_GRACE):
+            for run in busy:
+                await run.ended.wait()
+
+    # -- any thread ------------------------------------------------------------------
+    def ids(self) -> list[str]:
+        """The listed subshell ids, in creation order (any thread)."""
+        with self._lock:
+            return list(self._listed)
+
+    def id_of_thread(self, ident: int | None) -> str | None:
+        """The subshell id of thread ``ident``: None for the main thread,
+        ``"unknown"`` for a thread that is no subshell (as ipykernel)."""
+        if ident == threading.main_thread().ident:
+            return None
+        with self._lock:
+            for subshell_id, run in self._listed.items():
+                if run.thread.ident == ident:
+                    return subshell_id
+        return "unknown"
+
+
+def register_magic(shell: Any, registry: SubshellRegistry) -> None:
+    """``%subshell``: which subshell runs this cell, and the subshells there
+    are; ipykernel 7's lines, in its order (user run of any lane)."""
+
+    def subshell_magic(line: str = "") -> None:
+        ident = threading.get_ident()
+        print(f"subshell id: {registry.id_of_thread(ident)}")
+        print(f"thread id: {ident}")
+        print(f"main thread id: {threading.main_thread().ident}")
+        print(f"pid: {os.getpid()}")
+        print(f"thread count: {threading.active_count()}")
+        print(f"subshell list: {registry.ids()}")
+
+    shell.register_magic_function(subshell_magic, "line", "subshell")
