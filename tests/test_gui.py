@@ -302,6 +302,36 @@ def check_matplotlib_redraws_between_cells(kc: ValidatingClient, gui: str) -> No
 
 
 @needs_tk
+def test_subshells_run_while_tk_hosts_the_main_run_and_refuse_gui(tk_kernel):
+    km, kc = tk_kernel
+    ok(kc, "%gui tk")
+    create = kc.session.msg("create_subshell_request", {})
+    kc.control_channel.send(create)
+    reply = kc.get_control_msg(timeout=TIMEOUT)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    subshell_id = reply["content"]["subshell_id"]
+
+    def in_subshell(code: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        msg = kc.session.msg("execute_request", {"code": code, "silent": False, "allow_stdin": False})
+        msg["header"]["subshell_id"] = subshell_id
+        kc.shell_channel.send(msg)
+        out = collect_outputs(kc, msg["header"]["msg_id"])
+        return reply_of(kc, msg["header"]["msg_id"]), out
+
+    r, out = in_subshell("import threading\nprint(threading.current_thread() is threading.main_thread())")
+    assert (r["content"]["status"], stdout_of(out)) == ("ok", "False\n")
+    for magic in ("%gui tk", "%gui"):  # a GUI loop can only own the main thread
+        r, out = in_subshell(magic)
+        assert r["content"].get("ename") == "UsageError", r["content"]
+        assert "main thread" in stdout_of(out, "stderr")
+    _, out = ok(kc, "print(guestrun.current().host.name)")
+    assert stdout_of(out) == "tk\n"
+    delete = kc.session.msg("delete_subshell_request", {"subshell_id": subshell_id})
+    kc.control_channel.send(delete)
+    assert kc.get_control_msg(timeout=TIMEOUT)["content"]["status"] == "ok"
+
+
+@needs_tk
 def test_matplotlib_tk_redraws_between_cells(jupyter_path, xvfb_display):
     km, kc = start_kernel("trikernel-test-signal", env=kernel_env(DISPLAY=xvfb_display))
     try:

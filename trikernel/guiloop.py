@@ -131,6 +131,8 @@ def prepare_host(gui: str) -> guestrun.Host:
     Raises:
         GuiError: as :func:`enable_gui`.
     """
+    if threading.current_thread() is not threading.main_thread():
+        raise GuiError("GUI event loops run on the main thread: use %gui in the kernel's main shell")
     key = "qt" if gui.startswith("qt") else gui
     host = _hosts.get(key)
     if host is None:
