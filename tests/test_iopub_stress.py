@@ -341,9 +341,11 @@ def test_client_without_server_key_gets_nothing(started: Any) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_slow_subscriber_gets_everything(started: Any) -> None:
+def test_slow_subscriber_gets_everything(started: Any, specs: dict[str, str]) -> None:
+    # the patient spec (60 s send timeout): on a loaded machine the client's
+    # reader can pause longer than the default 5 s, which is not this test's point
     n = 10000
-    k = started("trikernel")
+    k = started(specs["patient"])
     code = (
         "import comm\n"
         f"for i in range({n}):\n"
@@ -368,13 +370,14 @@ def test_slow_subscriber_gets_everything(started: Any) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_second_client_joining_costs_a_slow_client_nothing(started: Any) -> None:
+def test_second_client_joining_costs_a_slow_client_nothing(started: Any, specs: dict[str, str]) -> None:
     """A client behind by more than the kernel's SNDHWM (reads 4 s late; the
     kernel waits on it) while a second client connects: the first must not
     lose anything. Kernel side, see test_iopub_queue's
-    test_new_subscriber_does_not_cost_a_slow_subscriber_messages."""
+    test_new_subscriber_does_not_cost_a_slow_subscriber_messages. The
+    patient spec: a loaded machine's reader may pause past the default 5 s."""
     n = 30000
-    k = started("trikernel")
+    k = started(specs["patient"])
     code = f"import comm\nfor i in range({n}):\n    comm.create_comm(target_name='trikernel.test', data={{'i': i}})"
     msg_id = k.kc.execute(code)
     time.sleep(2.0)  # the first client is behind; the kernel waits on it (NODROP)

@@ -41,7 +41,7 @@ EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_LEVEL_ENV = "TRIKERNEL_LOG_LEVEL"
-_TYPES: dict[str, type] = {"int": int, "float": float}
+_TYPES: dict[str, type] = {"int": int, "float": float, "str": str}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,7 +73,7 @@ def _add_config_arguments(p: argparse.ArgumentParser) -> None:
             dest=f.name,
             type=_TYPES[str(f.type)],
             default=f.default,
-            metavar={"s": "SECONDS"}.get(unit, unit.upper()) or "N",
+            metavar=f.metadata.get("metavar") or {"s": "SECONDS"}.get(unit, unit.upper()) or "N",
             help=f"{f.metadata['help']} ({unit}; default %(default)s)" if unit else f.metadata["help"],
         )
 
@@ -261,6 +261,15 @@ def _run(argv: list[str]) -> int:
         level = logging.INFO if _is_loopback(conn.ip) else logging.WARNING
         log.log(level, "CurveZMQ keys absent: kernel traffic on %s is signed, not encrypted", conn.ip)
 
+    try:  # --strict, --message-log (strict.py, messagelog.py): a missing extra or a bad file stops us here
+        from .messagelog import MessageLog
+        from .strict import load as load_strict
+
+        strict = load_strict() if config.strict else None
+        message_log = MessageLog.open(config, conn) if config.message_log else None
+    except ConfigError as exc:
+        return _fail(str(exc))
+
     from .sockets import create_and_bind
 
     def configure(sock: Any, channel: str) -> None:
@@ -295,7 +304,10 @@ def _run(argv: list[str]) -> int:
     # the file a client can attach with (%connect_info): a registration file holds no ports
     usable = args.write_connection_file if registration is not None else path
     connection_file = os.path.abspath(usable) if usable else None
-    return Kernel(conn, config, bound, iopub_nodrop=nodrop, connection_file=connection_file).run()
+    return Kernel(
+        conn, config, bound, iopub_nodrop=nodrop, connection_file=connection_file, strict=strict,
+        message_log=message_log,
+    ).run()
 
 
 def _is_loopback(ip: str) -> bool:

@@ -222,13 +222,16 @@ def write_json_atomic(path: str | os.PathLike[str], data: Mapping[str, Any]) -> 
 
 
 def knob(default: Any, help: str, *, unit: str = "", minimum: float | None = None, exclusive: bool = False,
-         flag: str | None = None) -> Any:
+         flag: str | None = None, metavar: str | None = None) -> Any:
     """A KernelConfig field: its default, help text, unit and lower bound
     (``exclusive``: the value must be greater than ``minimum``). ``flag``
-    overrides the command-line flag derived from the field name."""
+    overrides the command-line flag derived from the field name; ``metavar``
+    the name of its value in ``--help``."""
     return field(
         default=default,
-        metadata={"help": help, "unit": unit, "minimum": minimum, "exclusive": exclusive, "flag": flag},
+        metadata={
+            "help": help, "unit": unit, "minimum": minimum, "exclusive": exclusive, "flag": flag, "metavar": metavar
+        },
     )
 
 
@@ -304,6 +307,23 @@ class KernelConfig:
         "fd 1 (and fd 2) output held for the notebook; more is dropped, counted and shown",
         unit="bytes",
         minimum=1 << 16,
+    )
+    strict: bool = knob(
+        False,
+        "validate every incoming message against the messaging spec; a violation is answered with a "
+        "ProtocolError naming the field and the spec section, and not run (needs trikernel[conformance]; "
+        "docs/conformance.md)",
+    )
+    message_log: str = knob(
+        "", "append one JSON line per message in and out to this file (docs/conformance.md)", metavar="FILE"
+    )
+    message_log_content: int = knob(
+        4096, "content of a logged message kept in its line; longer content is cut (its size is always logged)",
+        unit="bytes", minimum=0,
+    )
+    message_log_queue: int = knob(
+        10000, "message-log lines waiting for the writer thread; past it lines are dropped and counted",
+        unit="lines", minimum=1,
     )
 
     @property

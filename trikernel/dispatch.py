@@ -28,7 +28,10 @@ runs the handler, sends the reply and publishes ``status: idle`` (messaging
 spec "Kernel status": busy/idle with the request as parent, the reply before
 idle) — and publishes idle whatever the handler raised. Every message on
 shell or control is bracketed, known or not; an unknown ``*_request`` gets
-an error reply naming its type.
+an error reply naming its type. A message ``--strict`` refused (a
+``strict.Refused`` from the parser, whatever its type) takes :data:`REFUSED`:
+io lane, an error reply ``ProtocolError`` or, for non-requests, an IOPub
+``error``; it is never run.
 
 ``stop_on_error`` (spec "Execute"): when an ``execute_request`` fails, every
 ``execute_request`` sent before the failure is answered without running —
@@ -55,11 +58,13 @@ from .errors import JobInterrupted, KernelShuttingDown, ProtocolError
 from .iopub import IOPubQueue
 from .messages import MessageBuilder
 from .sockets import TrioSocket
+from .strict import Refused, refusal
 from .userrun import Job, UserRun
 from .wire import Message, Signer, serialize, utcnow_iso
 
 if TYPE_CHECKING:
     from .jobs import ShellJobs
+    from .messagelog import MessageLog
     from .subshells import SubshellRegistry
 
 log = logging.getLogger("trikernel.dispatch")
@@ -215,7 +220,8 @@ class DispatchDeps:
     - ``kernel_info``: ``kernel_info_reply`` content;
     - ``request_shutdown``: begins an orderly shutdown (thread-safe);
     - ``bad_input``: counts and logs (rate-limited) what peers got wrong;
-    - ``subshells``: the subshell registry (None: subshells not offered).
+    - ``subshells``: the subshell registry (None: subshells not offered);
+    - ``message_log``: records every reply sent (``--message-log``), or None.
     """
 
     builder: MessageBuilder
@@ -228,6 +234,7 @@ class DispatchDeps:
     bad_input: BadInputLog
     sockets: dict[str, TrioSocket] = field(default_factory=dict)
     subshells: SubshellRegistry | None = None
+    message_log: MessageLog | None = None
 
 
 class Dispatcher:
@@ -269,7 +276,7 @@ class Dispatcher:
         del frames
         if msg is None:
             return
-        route = self.route_of(channel, msg.msg_type)
+        route = REFUSED if isinstance(msg, Refused) else self.route_of(channel, msg.msg_type)
         if route.lane is Lane.IO:
             await self.bracket(channel, msg, route.handler)
             return
@@ -358,7 +365,10 @@ class Dispatcher:
 
     async def send(self, channel: str, msg: Message) -> None:
         """Sign and send ``msg`` on ``channel`` (never blocks: ROUTER)."""
-        self._d.sockets[channel].send_nowait(serialize(msg, self._d.signer))
+        frames = serialize(msg, self._d.signer)
+        delivered = self._d.sockets[channel].send_nowait(frames)
+        if self._d.message_log is not None:
+            self._d.message_log.record("out", channel, frames, None if delivered else {"undelivered": True})
 
     # -- lanes -------------------------------------------------------------------
     async def _sequential_lane(self, lane: ShellLane) -> None:
@@ -439,7 +449,7 @@ class Dispatcher:
             del frames
             if msg is None:
                 continue
-            route = self.route_of("shell", msg.msg_type)
+            route = REFUSED if isinstance(msg, Refused) else self.route_of("shell", msg.msg_type)
             lane = self.lane_of(msg) if route.lane is not Lane.IO else None
             if route.lane is Lane.IO:
                 self._nursery.start_soon(self.bracket, "shell", msg, route.handler)
@@ -568,6 +578,20 @@ class Dispatcher:
                 "traceback": [],
             }
         )
+
+    async def refused(self, msg: Message) -> Reply | None:
+        """A message ``--strict`` refused (strict.py): not run. A request gets
+        an error reply with ``ename: ProtocolError``; anything else (comm
+        messages: the spec defines no reply) an IOPub ``error`` parented to it."""
+        violations = msg.violations if isinstance(msg, Refused) else ()
+        content = refusal(msg.msg_type, violations)
+        if msg.msg_type.endswith("_request"):
+            reply = _shell_error(self, msg, content["ename"], content["evalue"])
+            assert reply is not None
+            reply.content["traceback"] = content["traceback"]
+            return reply
+        await self._d.queue.send(self._d.builder.iopub("error", content, msg.header))
+        return None
 
     # -- handlers: user run ------------------------------------------------------
     async def execute(self, msg: Message) -> Reply:
@@ -706,4 +730,6 @@ ROUTES: dict[str, Route] = {
 
 #: The route of anything not in ROUTES.
 UNKNOWN = Route(_BOTH, Lane.IO, Dispatcher.unknown)
+#: The route of a message ``--strict`` refused (whatever its type): answered at once, not run.
+REFUSED = Route(_BOTH, Lane.IO, Dispatcher.refused)
 

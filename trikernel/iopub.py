@@ -38,7 +38,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 import zmq
@@ -46,6 +46,9 @@ import zmq
 from .badinput import BadInputLog
 from .messages import MessageBuilder
 from .wire import Message, Signer, serialize
+
+if TYPE_CHECKING:
+    from .messagelog import MessageLog
 
 log = logging.getLogger("trikernel.iopub")
 
@@ -379,7 +382,8 @@ class IOPubTask:
 
     Owns: the XPUB socket. Reads: the queue, subscription frames. Writes:
     messages, ``iopub_welcome``. Exits: after the close marker (queue
-    drained) or on cancellation.
+    drained) or on cancellation. ``message_log``: records each message
+    after it left (``--message-log``), or None: one test per message.
     """
 
     def __init__(
@@ -393,6 +397,7 @@ class IOPubTask:
         nodrop: bool = True,
         bad_input: BadInputLog | None = None,
         max_topic_bytes: int = 1024,
+        message_log: MessageLog | None = None,
     ):
         self.sock = sock
         self.queue = queue
@@ -413,6 +418,7 @@ class IOPubTask:
         #: subscription frames that are none, or too long (counted, rate-limited log)
         self.bad_input = bad_input if bad_input is not None else BadInputLog()
         self.max_topic_bytes = max_topic_bytes
+        self.message_log = message_log
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.queue.attach()
@@ -423,6 +429,7 @@ class IOPubTask:
             nursery.start_soon(self._watch_subscriptions)
             task_status.started()
             closing = False
+            mlog = self.message_log
             while not closing:
                 batch = await self.queue.get(SEND_BATCH)
                 held = 0  # items in the batch that hold a credit (all but the close marker)
@@ -436,10 +443,13 @@ class IOPubTask:
                             log.debug("sending %s", item.name if isinstance(item, StreamBatch) else item[0])
                         try:
                             if isinstance(item, StreamBatch):
-                                await self._send_stream(item)
+                                frames = await self._send_stream(item)
                             else:
-                                await self._send(item[1])
+                                frames = item[1]
+                                await self._send(frames)
                             self.stats.sent += 1
+                            if mlog is not None:
+                                mlog.record("out", "iopub", frames)
                         except Exception:  # trio.Cancelled is a BaseException: it passes
                             # never let one message take the IOPub path down
                             self.stats.send_errors += 1
@@ -454,7 +464,7 @@ class IOPubTask:
                 await trio.lowlevel.checkpoint()
             nursery.cancel_scope.cancel()
 
-    async def _send_stream(self, b: StreamBatch) -> None:
+    async def _send_stream(self, b: StreamBatch) -> list[bytes]:
         # While a flood goes on, let the open tail batch collect more text.
         if not b.sealed:
             # still the open tail of the queue: let it gather the rest of the
@@ -465,7 +475,9 @@ class IOPubTask:
         msg = self.builder.iopub("stream", {"name": b.name, "text": text}, b.parent)
         self._last_stream = time.monotonic()
         self.stats.stream_messages += 1
-        await self._send(serialize(msg, self.signer))
+        frames = serialize(msg, self.signer)
+        await self._send(frames)
+        return frames
 
     async def _send(self, frames: list[bytes]) -> None:
         sock = self.sock
@@ -562,8 +574,11 @@ class IOPubTask:
 
     async def _send_welcomes(self) -> None:
         while self._welcomes:
-            await self._send(self._welcomes.popleft())
+            frames = self._welcomes.popleft()
+            await self._send(frames)
             self.stats.welcomes += 1
+            if self.message_log is not None:
+                self.message_log.record("out", "iopub", frames)
             self._after_sends()
 
     def _read_subscriptions(self) -> None:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from comm.base_comm import CommManager
 
     from .config import ConnectionInfo
+    from .messagelog import MessageLog
     from .shell import TrikernelShell
     from .stdinbridge import StdinBridge
 
@@ -134,6 +135,7 @@ class UserSideDeps:
       connection info with the bound ports; a file holding it, or None);
     - ``fd_backlog_bytes``: bytes per captured fd held for the notebook
       before more is dropped, counted and shown (KernelConfig).
+    - ``message_log``: what ``%trikernel log`` shows (``--message-log``), or None.
     """
 
     builder: MessageBuilder
@@ -145,6 +147,7 @@ class UserSideDeps:
     connection: ConnectionInfo | None = None
     connection_file: str | None = None
     fd_backlog_bytes: int = 64 << 20
+    message_log: MessageLog | None = None
 
 
 def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
@@ -179,7 +182,7 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
     for name, value in (("nursery", un), ("trio", trio)):
         shell.user_ns[name] = value
         shell.user_ns_hidden[name] = value
-    magics.register(shell, deps.stats)
+    magics.register(shell, deps.stats, deps.message_log)
     info = deps.connection.to_dict() if deps.connection is not None else None
     magics.register_kernel_magics(shell, magics.ConnectionFile(info, deps.connection_file) if info else None)
     outstream.install(deps.queue, deps.parents, capture_fds=deps.capture_fds, fd_backlog=deps.fd_backlog_bytes)

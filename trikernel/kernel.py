@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -38,6 +38,10 @@ from .subshells import SubshellRegistry, register_magic
 from .userrun import UserRun
 from .wire import Signer
 
+if TYPE_CHECKING:
+    from .messagelog import MessageLog
+    from .strict import StrictCheck
+
 # IPython and comm are imported on the main thread, inside the user run
 # (jobs.set_up), never at import time here: the io thread must answer
 # kernel_info while IPython is still loading.
@@ -51,7 +55,9 @@ class Kernel:
     ``services``: extra io-run tasks started with ``task_status`` (e.g. the
     gateway comm port), each called as ``service(task_status=...)``.
     ``connection_file``: absolute path of a connection file clients can
-    attach with, or None (``%connect_info`` shows it).
+    attach with, or None (``%connect_info`` shows it). ``strict``: the
+    ``--strict`` check (strict.py), ``message_log``: the ``--message-log``
+    writer (messagelog.py), each None when off; both built by cli.py.
     """
 
     def __init__(
@@ -63,11 +69,15 @@ class Kernel:
         iopub_nodrop: bool = True,
         services: tuple[Callable[..., Any], ...] = (),
         connection_file: str | None = None,
+        strict: StrictCheck | None = None,
+        message_log: MessageLog | None = None,
     ):
         self.conn = conn
         self.config = config
         self.bound = bound
         self.exit_code = 0
+        self.strict = strict
+        self.message_log = message_log
         signer = Signer(conn.key, conn.signature_scheme)
         builder = MessageBuilder()
         self.stats = IOPubStats()
@@ -77,8 +87,8 @@ class Kernel:
         self.bad_input = BadInputLog(config.bad_input_log_interval)
         self.subshells = SubshellRegistry()
         self.user_run.on_interrupt = self._interrupt_subshells
-        parse = InboundParser(signer, self.bad_input, config.wire_limits)
-        self.stdin = StdinBridge(builder, signer, parse, self.bad_input)
+        parse = InboundParser(signer, self.bad_input, config.wire_limits, strict=strict, message_log=message_log)
+        self.stdin = StdinBridge(builder, signer, parse, self.bad_input, iopub=self.queue, message_log=message_log)
         self.iopub = IOPubTask(
             bound.sockets["iopub"],
             self.queue,
@@ -88,6 +98,7 @@ class Kernel:
             nodrop=iopub_nodrop,
             bad_input=self.bad_input,
             max_topic_bytes=config.max_topic_bytes,
+            message_log=message_log,
         )
         self.dispatcher = Dispatcher(
             DispatchDeps(
@@ -101,6 +112,7 @@ class Kernel:
                 bad_input=self.bad_input,
                 sockets={name: TrioSocket(bound.sockets[name], name) for name in ("shell", "control")},
                 subshells=self.subshells,
+                message_log=message_log,
             )
         )
         self.io = IORun(
@@ -127,6 +139,7 @@ class Kernel:
             fd_backlog_bytes=config.fd_backlog_bytes,
             connection=conn,
             connection_file=connection_file,
+            message_log=message_log,
         )
         self._jobs: ShellJobs | None = None
 
@@ -140,6 +153,13 @@ class Kernel:
         stats["malformed_dropped"] = bad.dropped
         stats["malformed_by_kind"] = bad.by_kind
         stats.update({f"fd_{k}": v for k, v in fdcapture.statistics().__dict__.items()})
+        stats["strict"] = self.strict is not None
+        if self.message_log is not None:
+            mlog = self.message_log.statistics()
+            stats["message_log"] = mlog.path
+            stats["message_log_lines"] = mlog.lines
+            stats["message_log_dropped"] = mlog.dropped
+            stats["message_log_unwritten"] = mlog.unwritten
         return stats
 
     def _interrupt_subshells(self) -> None:
@@ -205,6 +225,8 @@ class Kernel:
             )
         else:
             log.info("iopub at exit: %s", stats)
+        if self.message_log is not None:  # the io run has ended: nothing records any more
+            self.message_log.close()
         # sockets close with their configured LINGER (flush, bounded)
         self.bound.close()
         self.bound.context.term()

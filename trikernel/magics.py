@@ -9,7 +9,8 @@ does with it.
   coalescing, messages dropped at shutdown) and ``malformed_dropped``: bad
   input from peers dropped or refused since start-up (badinput.py), with
   ``malformed_by_kind`` per channel and kind; ``%trikernel --return`` also
-  returns them as a dict.
+  returns them as a dict. ``%trikernel log [N]``: the last N (default 20)
+  lines of the ``--message-log``, one row per message (messagelog.py).
 - ``%connect_info``: this kernel's connection info and how to attach
   another client (``jupyter console --existing``), as ipykernel prints it.
 - ``%edit`` (``%ed``): an ``edit_magic`` payload for the frontend, as
@@ -39,18 +40,47 @@ from IPython.core.magic import Magics, line_magic, magics_class
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from .messagelog import MessageLog
 
-def register(shell: Any, stats: Callable[[], dict[str, Any]]) -> None:
+#: Rows ``%trikernel log`` shows without a count.
+LOG_TAIL_DEFAULT = 20
+
+
+def register(shell: Any, stats: Callable[[], dict[str, Any]], message_log: MessageLog | None = None) -> None:
     """Register ``%trikernel`` on ``shell``; ``stats()`` returns the counters
-    (thread-safe reads of plain ints)."""
+    (thread-safe reads of plain ints); ``message_log``: what ``%trikernel
+    log`` shows, or None when the kernel runs without ``--message-log``."""
 
     def trikernel_magic(line: str = "") -> dict[str, Any] | None:
+        words = line.split()
+        if words[:1] == ["log"]:
+            _show_log(message_log, words[1:])
+            return None
         values = stats()
+        width = max((len(k) for k in values), default=0)
         for k, v in values.items():
-            print(f"{k:>18}: {v}")
+            print(f"{k:>{width}}: {v}")
         return values if line.strip() == "--return" else None
 
     shell.register_magic_function(trikernel_magic, "line", "trikernel")
+
+
+def _show_log(message_log: MessageLog | None, args: list[str]) -> None:
+    """``%trikernel log [N]``: the message log's last N lines, one row each."""
+    from .messagelog import TAIL_LINES, summary
+
+    if message_log is None:
+        raise UsageError("the message log is off: start the kernel with --message-log FILE (docs/conformance.md)")
+    if len(args) > 1 or (args and not args[0].isdigit()):
+        raise UsageError(f"usage: %trikernel log [N] (N: lines, at most {TAIL_LINES})")
+    n = min(int(args[0]) if args else LOG_TAIL_DEFAULT, TAIL_LINES)
+    lines = message_log.tail(n)
+    st = message_log.statistics()
+    dropped = f", {st.dropped} dropped ({st.dropped_by})" if st.dropped else ", none dropped"
+    unwritten = f", {st.unwritten} not written (disk error)" if st.unwritten else ""
+    print(f"message log {st.path}: {st.lines} lines{dropped}{unwritten}; the last {len(lines)}:")
+    for rec in lines:
+        print(summary(rec))
 
 
 @dataclass(frozen=True)

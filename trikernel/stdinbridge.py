@@ -15,6 +15,11 @@ Every pending request has its own slot, keyed by the ``input_request``'s
 ``msg_id``; an ``input_reply`` is matched through its ``parent_header``, so
 two ``input()`` calls at once (a cell and a thread) each get their own
 answer.
+
+With ``--strict`` an ``input_reply`` that departs from the spec (no
+``value``, say) arrives as a ``strict.Refused``: it answers nothing (the
+``input()`` keeps waiting) and the kernel publishes an IOPub ``error``
+(``ProtocolError``) parented to it, as the spec defines no reply on stdin.
 """
 
 from __future__ import annotations
@@ -22,13 +27,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import trio
 
 from .badinput import BadInputLog, short
 from .messages import MessageBuilder
 from .sockets import TrioSocket
+from .strict import Refused, refusal
 from .wire import Message, Signer, serialize
+
+if TYPE_CHECKING:
+    from .iopub import IOPubQueue
+    from .messagelog import MessageLog
 
 log = logging.getLogger("trikernel.stdin")
 
@@ -49,7 +60,9 @@ class StdinBridge:
 
     ``parse``: turns frames read from the stdin socket into a Message, or
     None for bad input (recorded by it); ``bad_input``: where stray or
-    unexpected stdin messages are recorded.
+    unexpected stdin messages are recorded; ``iopub``: where the answer to
+    a message ``--strict`` refused is published; ``message_log``: records
+    every ``input_request`` sent (``--message-log``), or None.
     """
 
     def __init__(
@@ -58,11 +71,16 @@ class StdinBridge:
         signer: Signer,
         parse: Callable[[str, list[bytes]], Message | None],
         bad_input: BadInputLog,
+        *,
+        iopub: IOPubQueue | None = None,
+        message_log: MessageLog | None = None,
     ):
         self._builder = builder
         self._bad_input = bad_input
         self._signer = signer
         self._parse = parse
+        self._iopub = iopub
+        self._message_log = message_log
         self._sock: TrioSocket | None = None
         self._io_token: trio.lowlevel.TrioToken | None = None
         self._pending: dict[str, _Slot] = {}  # input_request msg_id -> slot; touched in the io run only
@@ -102,7 +120,10 @@ class StdinBridge:
     def _send_request(self, msg: Message, slot: _Slot) -> None:
         assert self._sock is not None
         self._pending[msg.msg_id] = slot
-        self._sock.send_nowait(serialize(msg, self._signer))
+        frames = serialize(msg, self._signer)
+        delivered = self._sock.send_nowait(frames)
+        if self._message_log is not None:
+            self._message_log.record("out", "stdin", frames, None if delivered else {"undelivered": True})
 
     async def serve(self, sock: TrioSocket, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The stdin channel task (io run): reads ``input_reply`` messages and
@@ -111,24 +132,31 @@ class StdinBridge:
         self._io_token = trio.lowlevel.current_trio_token()
         task_status.started()
         while True:
-            self._on_frames(await sock.recv_multipart())
+            refused = self._on_frames(await sock.recv_multipart())
+            if refused is not None and self._iopub is not None:
+                content = refusal(refused.msg_type, refused.violations)
+                await self._iopub.send(self._builder.iopub("error", content, refused.header))
 
-    def _on_frames(self, frames: list[bytes]) -> None:
-        """An input_reply answers its pending input(); anything else is bad input."""
+    def _on_frames(self, frames: list[bytes]) -> Refused | None:
+        """An input_reply answers its pending input(); anything else is bad
+        input. Returns a message ``--strict`` refused, to be answered."""
         msg = self._parse("stdin", frames)
         del frames
         if msg is None:
-            return
+            return None
+        if isinstance(msg, Refused):
+            return msg
         if msg.msg_type != "input_reply":
             self._bad_input.record("stdin", "unknown_msg_type", f"unexpected message type {short(msg.msg_type)}")
-            return
+            return None
         slot = self._match(msg)
         if slot is None:
             self._bad_input.record("stdin", "stray_input_reply", "an input_reply that answers no pending request")
-            return
+            return None
         value = msg.content.get("value", "")
         slot.value = value if isinstance(value, str) else str(value)
         slot.event.set()
+        return None
 
     def _match(self, reply: Message) -> _Slot | None:
         """The pending slot ``reply`` answers: by ``parent_header.msg_id``; a
