@@ -116,13 +116,17 @@ def jupyter_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def start_kernel(
-    kernel_name: str = "trikernel", *, stderr: Any = None, **km_kwargs: Any
+    kernel_name: str = "trikernel", *, stderr: Any = None, env: dict[str, str] | None = None, **km_kwargs: Any
 ) -> tuple[KernelManager, ValidatingClient]:
-    """A ready kernel and a started ValidatingClient; ``stderr``: a file for the kernel log."""
+    """A ready kernel and a started ValidatingClient; ``stderr``: a file for the
+    kernel log; ``env``: the kernel's whole environment (default: this process's)."""
     km = KernelManager(kernel_name=kernel_name, **km_kwargs)
     km.client_class = "conftest.ValidatingClient"
     km.client_factory = ValidatingClient
-    km.start_kernel(stderr=stderr)
+    if env is None:
+        km.start_kernel(stderr=stderr)
+    else:
+        km.start_kernel(stderr=stderr, env=env)
     kc = km.client()
     kc.start_channels()
     try:

@@ -8,6 +8,9 @@
 - ``BindError``: a port could not be bound on this host.
 - ``JobInterrupted``, ``KernelShuttingDown``: how a job in the user run
   ended, as seen from the io run (kernel-internal).
+- ``GuiError``: a GUI event loop the user asked for (``%gui``,
+  ``%matplotlib``) cannot host the user run. User's request: shown in the
+  cell as a UsageError; the run goes on as it was.
 """
 
 from __future__ import annotations
@@ -58,3 +61,9 @@ class JobInterrupted(TrikernelError):
 
 class KernelShuttingDown(TrikernelError):
     """A job was submitted to, or cancelled in, a user run that is stopping."""
+
+
+class GuiError(TrikernelError):
+    """``%gui X`` / ``%matplotlib X`` cannot be honoured: a toolkit trikernel
+    does not integrate, no binding installed, no display, or trio internals
+    missing (guestrun.UNSUPPORTED). The message says which and what to do."""

@@ -29,7 +29,8 @@ from IPython.utils.tokenutil import token_at_cursor
 from traitlets import Any as TAny
 from traitlets import Instance, Type
 
-from . import awaitmagics, shellstate, tracebacks
+from . import awaitmagics, guiloop, shellstate, tracebacks
+from .errors import GuiError
 from .outstream import Publisher
 
 if TYPE_CHECKING:
@@ -166,9 +167,41 @@ class TrikernelShell(InteractiveShell):
     def set_next_input(self, text: str, replace: bool = False) -> None:
         self._payloads().write_payload({"source": "set_next_input", "text": text, "replace": replace})
 
+    def init_magics(self) -> None:
+        super().init_magics()
+        guiloop.register_magic(self)  # %gui that shows its errors in the cell
+
     def enable_gui(self, gui: str | None = None) -> None:
-        if gui not in (None, "inline"):
-            log.warning("GUI event loop %r is not supported by trikernel", gui)
+        """Let GUI ``gui``'s event loop host the user trio run (``%gui``,
+        ``%matplotlib``); None: the plain run (guiloop.py).
+
+        Raises:
+            UsageError: the toolkit cannot host the run (the message says
+                why); nothing changed.
+        """
+        try:
+            self.active_eventloop = guiloop.enable_gui(gui)
+        except GuiError as exc:
+            raise UsageError(str(exc)) from None
+
+    def enable_matplotlib(self, gui: str | None = None) -> Any:
+        """IPython's, refusing a GUI toolkit trikernel does not integrate
+        (or one that cannot start here) before matplotlib switches to its
+        backend."""
+        if gui not in (None, "auto"):
+            from IPython.core import pylabtools
+
+            try:
+                resolved, _backend = pylabtools.find_gui_and_backend(gui, self.pylab_gui_select)
+            except Exception:
+                resolved = None  # IPython reports the bad name itself below
+            try:
+                guiloop.check_supported(resolved)
+                if resolved in guiloop.HOSTED:
+                    guiloop.prepare_host(resolved)  # Qt: the QApplication matplotlib then finds
+            except GuiError as exc:
+                raise UsageError(str(exc)) from None
+        return super().enable_matplotlib(gui)
 
     def init_traceback_handlers(self, custom_exceptions: Any) -> None:
         super().init_traceback_handlers(custom_exceptions)

@@ -1,7 +1,9 @@
 """The user trio run on the main thread, and the hand-off of jobs into it.
 
 Runs on: the main thread. :meth:`UserRun.run` blocks the main thread in one
-``trio.run`` for the kernel's life (docs/design.md, "Threads and loops");
+trio run for the kernel's life (docs/design.md, "Threads and loops"),
+driven as ``trio.run`` drives it or, after ``%gui tk``/``qt``, as a guest
+of that GUI's event loop (guestrun.py; the same run, moved);
 everything else here runs inside that run, except the methods marked
 *thread-safe*, which the io run calls.
 
@@ -41,6 +43,7 @@ from typing import Any
 
 import trio
 
+from . import guestrun
 from .errors import KernelShuttingDown
 
 log = logging.getLogger("trikernel.userrun")
@@ -201,7 +204,8 @@ class UserRun:
         if self.on_main_thread:
             _enable_sigint()
         try:
-            trio.run(self._main, setup, on_ready)
+            # trio.run, except that %gui can move the run onto a GUI event loop and back
+            guestrun.run(self._main, setup, on_ready)
         except BaseException as exc:
             # jupyter_client interrupts before it shuts a kernel down; an
             # interrupt that lands while the user run winds down (bare, or
