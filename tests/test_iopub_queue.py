@@ -288,6 +288,53 @@ def test_first_write_leaves_promptly(rig_factory: Any) -> None:
     trio.run(main)
 
 
+def test_sealing_ends_the_hold_on_an_open_stream_batch(rig_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The iopub task holds an open tail batch for more text; a message that
+    seals it (here from another thread, as a display after a print) ends
+    the hold at once instead of after it (issue 12: an idle or a result
+    right after a print). With a 30 s hold, only the seal can make it leave."""
+    import trikernel.iopub as iopub_mod
+
+    monkeypatch.setattr(iopub_mod, "FIRST_WRITE_DELAY", 30.0)
+    rig = rig_factory()
+    sub = rig.subscriber()
+
+    async def main() -> None:
+        r = Reader(sub)
+        async with running(rig):
+            await r.read_until(lambda m: len(r.welcomes()) >= 1, 5)
+            await trio.to_thread.run_sync(lambda: rig.queue.write_stream("stdout", "line\n", {}))
+            await trio.sleep(0.2)  # the task now holds the open batch (it waits 30 s for more text)
+            assert not streams(r.msgs)
+            await trio.to_thread.run_sync(lambda: rig.queue.send_from_thread(rig.display(1)))
+            await r.read_until(count_is(2), 10)
+        assert [m.msg_type for m in r.non_welcome()] == ["stream", "display_data"]
+
+    trio.run(main)
+
+
+def test_a_lone_message_after_a_pause_is_not_held_back(rig_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adaptive batching: the gather window applies inside a burst only. With
+    a 30 s window, a lone message from another thread after a pause must
+    still leave at once."""
+    import trikernel.iopub as iopub_mod
+
+    monkeypatch.setattr(iopub_mod, "GATHER_WINDOW", 30.0)
+    rig = rig_factory()
+    sub = rig.subscriber()
+
+    async def main() -> None:
+        r = Reader(sub)
+        async with running(rig):
+            await r.read_until(lambda m: len(r.welcomes()) >= 1, 5)
+            await trio.sleep(0.1)  # a pause longer than BURST_GAP
+            await trio.to_thread.run_sync(lambda: rig.queue.send_from_thread(rig.display(7)))
+            await r.read_until(count_is(1), 10)
+        assert [m.content["data"]["text/plain"] for m in r.non_welcome()] == ["7"]
+
+    trio.run(main)
+
+
 # --------------------------------------------------------------------------- order, backpressure, close
 
 

@@ -296,6 +296,14 @@ class KernelConfig:
         minimum=0,
         exclusive=True,
     )
+    switch_interval: float = knob(
+        0.001,
+        "Python's thread switch interval (sys.setswitchinterval): how long a busy cell keeps the GIL "
+        "before the io thread gets it; Python's default is 0.005",
+        unit="s",
+        minimum=0,
+        exclusive=True,
+    )
     capture_fds: bool = knob(
         True,
         "leave file descriptors 1 and 2 alone: output of subprocesses and C code then goes to the kernel's "

@@ -59,10 +59,15 @@ RETRY_MAX_DELAY = 0.005
 #: ``capacity``, so that kernel_info, interrupt and shutdown replies never wait
 #: behind a stalled subscriber; past it they wait like everyone else.
 IO_OVERDRAFT = 64
-#: Seconds the iopub task waits, after another thread woke it, before it
-#: drains the queue: the producer queues a batch meanwhile, so a cell that
-#: emits many messages costs one thread switch per batch, not per message.
+#: Seconds the iopub task waits, after another thread woke it in the middle
+#: of a burst, before it drains the queue: the producer queues a batch
+#: meanwhile, so a cell that emits many messages costs one thread switch
+#: per batch, not per message.
 GATHER_WINDOW = 0.0005
+#: A wake-up less than this many seconds after the task last took messages
+#: is part of a burst (gather first); a later one is a lone message (an
+#: execute_input, the first line of output) and is sent at once.
+BURST_GAP = 0.002
 #: Messages the iopub task takes from the queue at once (one lock round
 #: trip, one credit return, one EVENTS check per batch).
 SEND_BATCH = 64
@@ -129,6 +134,9 @@ class StreamBatch:
     parts: list[str] = field(default_factory=list)
     size: int = 0
     sealed: bool = False
+    #: set when the batch is sealed while the iopub task holds it open
+    #: (io run's Event; see IOPubQueue.wait_sealed)
+    on_seal: trio.Event | None = None
 
 
 class _Close:
@@ -170,6 +178,7 @@ class IOPubQueue:
         self._credit_returned: trio.Event | None = None
         self._overdraft = 0  # io-run messages queued past capacity (<= IO_OVERDRAFT)
         self._woken_from_thread = False
+        self._last_take = -1.0  # time.monotonic() of the consumer's last take
         self.closed = False
 
     # -- wiring -----------------------------------------------------------
@@ -203,18 +212,26 @@ class IOPubQueue:
         # any non-stream item seals every open batch (keeps write order)
         for b in self._open.values():
             b.sealed = True
+            if b.on_seal is not None:  # the iopub task holds it open: let it go now
+                self._wake(b.on_seal)
+                b.on_seal = None
         self._open.clear()
         if isinstance(item, StreamBatch):
             self._open[item.name] = item
         self._items.append(item)
         if self._consumer_wake is not None:
             ev, self._consumer_wake = self._consumer_wake, None
-            if self.in_io_thread:
-                ev.set()
-            else:
-                assert self._io_token is not None
+            if not self.in_io_thread:
                 self._woken_from_thread = True
-                self._io_token.run_sync_soon(ev.set)
+            self._wake(ev)
+
+    def _wake(self, ev: trio.Event) -> None:
+        """Set an io-run Event from any thread (lock held)."""
+        if self.in_io_thread:
+            ev.set()
+        else:
+            assert self._io_token is not None
+            self._io_token.run_sync_soon(ev.set)
 
     def send_from_thread(self, msg: Message) -> bool:
         """Queue ``msg`` from any thread but the io thread; blocks while full.
@@ -284,20 +301,38 @@ class IOPubQueue:
 
     # -- consumer -----------------------------------------------------------
     async def get(self, limit: int = 1) -> list[_Item]:
-        """Wait for items; return up to ``limit`` of them, oldest first."""
+        """Wait for items; return up to ``limit`` of them, oldest first.
+
+        Adaptive batching: woken by another thread in the middle of a burst
+        (less than BURST_GAP after the last take), it waits GATHER_WINDOW so
+        the producer queues a batch; a lone message after a pause goes at once.
+        """
         while True:
             with self._lock:
                 if self._items:
                     items = self._items
+                    self._last_take = time.monotonic()
                     return [items.popleft() for _ in range(min(limit, len(items)))]
                 ev = self._consumer_wake = trio.Event()
                 self._woken_from_thread = False
             await ev.wait()
-            if self._woken_from_thread:
-                # Woken by another thread (a cell producing output): let it
-                # queue a batch before we take the GIL back, instead of one
-                # thread switch per message.
+            if self._woken_from_thread and time.monotonic() - self._last_take < BURST_GAP:
+                # a cell producing output: let it queue a batch before we
+                # take the GIL back, instead of one thread switch per message
                 await trio.sleep(GATHER_WINDOW)
+
+    async def wait_sealed(self, b: StreamBatch, timeout: float) -> None:
+        """The iopub task holds the open tail batch ``b`` up to ``timeout``
+        seconds for more text; any other message sealing it ends the hold at
+        once (so an idle or a display right after a print is not delayed)."""
+        with self._lock:
+            if b.sealed:
+                return
+            ev = b.on_seal = trio.Event()
+        with trio.move_on_after(timeout):
+            await ev.wait()
+        with self._lock:
+            b.on_seal = None
 
     def take_text(self, b: StreamBatch) -> str:
         with self._lock:
@@ -470,7 +505,7 @@ class IOPubTask:
             # still the open tail of the queue: let it gather the rest of the
             # line (FIRST_WRITE_DELAY), or of a flood (STREAM_INTERVAL)
             wait = max(FIRST_WRITE_DELAY, self._last_stream + STREAM_INTERVAL - time.monotonic())
-            await trio.sleep(wait)
+            await self.queue.wait_sealed(b, wait)
         text = self.queue.take_text(b)
         msg = self.builder.iopub("stream", {"name": b.name, "text": text}, b.parent)
         self._last_stream = time.monotonic()

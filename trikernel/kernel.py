@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -178,6 +179,9 @@ class Kernel:
     # -- main thread -------------------------------------------------------------
     def run(self) -> int:
         """Serve until shutdown; returns the process exit code."""
+        # A cell that computes holds the GIL; the io thread (control, IOPub)
+        # gets it after at most this long (docs/benchmarks.md, "Latency").
+        sys.setswitchinterval(self.config.switch_interval)
         Heartbeat(self.bound.sockets["hb"]).start()
         self.io.start()
         if not self.io.wait_ready():
