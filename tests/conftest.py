@@ -22,6 +22,7 @@ from jupyter_kernel_test.msgspec_v5 import msg_structure_validator, schema_fragm
 
 TIMEOUT = 30
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
+DEBUG_TYPES = frozenset({"debug_request", "debug_reply", "debug_event"})
 
 
 class ValidatingClient(BlockingKernelClient):
@@ -44,6 +45,14 @@ class ValidatingClient(BlockingKernelClient):
             assert isinstance(c["comm_id"], str) and isinstance(c["data"], dict)
             if msg["msg_type"] == "comm_open":
                 assert isinstance(c["target_name"], str)
+        elif msg["msg_type"] in DEBUG_TYPES:
+            # msgspec_v5 has no debug schemas: the DAP shapes of trikernel/msgspec.py
+            # (spec "Debug request", "Debug event"; DAP ProtocolMessage/Response/Event)
+            from trikernel import msgspec
+
+            msg_structure_validator.validate(msg)
+            bad = msgspec.validate_content(msg["msg_type"], msg["content"])
+            assert not bad, (msg["msg_type"], [str(v) for v in bad], msg["content"])
         elif msg["msg_type"] not in schema_fragments:
             # a reply msgspec_v5 has no schema for (usage_reply, the error
             # reply to an unknown request): structure from it, content by the spec

@@ -15,7 +15,11 @@ the channels it is accepted on, its lane and its handler, as xeus's
   (execute, complete, inspect, is_complete, history);
 - ``concurrent``: as tasks of the user nursery, as soon as the user run has
   control (comm_open / comm_msg / comm_close, comm_info), so a widget's
-  ``on_msg`` runs while an async cell awaits.
+  ``on_msg`` runs while an async cell awaits;
+- ``debug``: ``debug_request`` on control, each bracketed in an io-run task
+  of its own (at most ``DEBUG_REQUESTS_IN_FLIGHT`` at once; debugger.py), so
+  a request that waits on debugpy or on the main thread (the first start)
+  never holds up kernel_info or interrupt on control.
 
 Shell requests are served by a :class:`ShellLane`: the main shell's, or a
 subshell's when the header carries ``subshell_id`` (JEP 91, subshells.py).
@@ -63,6 +67,7 @@ from .userrun import Job, UserRun
 from .wire import Message, Signer, serialize, utcnow_iso
 
 if TYPE_CHECKING:
+    from .debugger import Debugger
     from .jobs import ShellJobs
     from .messagelog import MessageLog
     from .subshells import SubshellRegistry
@@ -77,6 +82,8 @@ SUBSHELL_START_TIMEOUT = 10.0
 SUBSHELL_END_WAIT = 2.0
 #: Concurrent-lane jobs in flight at once.
 CONCURRENT_LIMIT = 64
+#: debug_requests served at once (each an io-run task); later ones wait their turn.
+DEBUG_REQUESTS_IN_FLIGHT = 16
 #: Seconds the bracket waits at most to queue a status message when
 #: cancelled (shutdown); the IOPub queue has an overdraft for the io run, so
 #: this only bounds a broken queue.
@@ -89,6 +96,7 @@ class Lane(StrEnum):
     IO = "io"
     SEQUENTIAL = "sequential"
     CONCURRENT = "concurrent"
+    DEBUG = "debug"
 
 
 class Reply(NamedTuple):
@@ -221,7 +229,9 @@ class DispatchDeps:
     - ``request_shutdown``: begins an orderly shutdown (thread-safe);
     - ``bad_input``: counts and logs (rate-limited) what peers got wrong;
     - ``subshells``: the subshell registry (None: subshells not offered);
-    - ``message_log``: records every reply sent (``--message-log``), or None.
+    - ``message_log``: records every reply sent (``--message-log``), or None;
+    - ``debugger``: answers ``debug_request`` (debugger.py), or None: every
+      debug request then gets a DAP error response.
     """
 
     builder: MessageBuilder
@@ -235,6 +245,7 @@ class DispatchDeps:
     sockets: dict[str, TrioSocket] = field(default_factory=dict)
     subshells: SubshellRegistry | None = None
     message_log: MessageLog | None = None
+    debugger: Debugger | None = None
 
 
 class Dispatcher:
@@ -248,6 +259,7 @@ class Dispatcher:
         self._main_lane = ShellLane.open(None, deps.user_run, self._jobs_ready)
         self._lanes: dict[str, ShellLane] = {}  # subshell lanes by subshell_id
         self._limiter = trio.CapacityLimiter(CONCURRENT_LIMIT)
+        self._debug_limiter = trio.CapacityLimiter(DEBUG_REQUESTS_IN_FLIGHT)
         self._nursery: trio.Nursery | None = None
         self._processes: dict[int, Any] = {}  # psutil.Process by pid, for usage_request
 
@@ -279,6 +291,11 @@ class Dispatcher:
         route = REFUSED if isinstance(msg, Refused) else self.route_of(channel, msg.msg_type)
         if route.lane is Lane.IO:
             await self.bracket(channel, msg, route.handler)
+            return
+        if route.lane is Lane.DEBUG:
+            borrower = object()
+            await self._debug_limiter.acquire_on_behalf_of(borrower)
+            nursery.start_soon(self._debug_task, channel, msg, route, borrower)
             return
         lane = self.lane_of(msg)
         if lane is None:
@@ -398,6 +415,12 @@ class Dispatcher:
             await self.bracket(channel, msg, route.handler)
         finally:
             self._limiter.release_on_behalf_of(borrower)
+
+    async def _debug_task(self, channel: str, msg: Message, route: Route, borrower: object) -> None:
+        try:
+            await self.bracket(channel, msg, route.handler)
+        finally:
+            self._debug_limiter.release_on_behalf_of(borrower)
 
     async def in_user_run(self, fn: Callable[[], Awaitable[Any]], *, concurrent: bool = False) -> Any:
         """Run ``fn`` in the user run (main thread) and return its result here.
@@ -635,6 +658,17 @@ class Dispatcher:
         jobs = await self._jobs_when_ready()
         return Reply(await self.in_user_run(_sync(jobs.comm_info, msg), concurrent=True))
 
+    # -- handlers: debugger (lane debug, on control) -----------------------------------
+    async def debug(self, msg: Message) -> Reply:
+        """``debug_request``: the reply content is the DAP response
+        (messaging spec "Debug request"; debugger.py). Waits for IPython to
+        be loaded first (the variables live there)."""
+        debugger = self._d.debugger
+        if debugger is None:
+            return Reply(_dap_error(msg.content, "this kernel has no debugger"))
+        jobs = await self._jobs_when_ready()
+        return Reply(await debugger.handle(msg.content, msg.header, jobs.shell))
+
     async def _jobs_when_ready(self) -> ShellJobs:
         await self._jobs_ready.wait()
         assert self._jobs is not None
@@ -658,6 +692,19 @@ async def _aborted(d: Dispatcher, msg: Message) -> Reply:
     }
     metadata = {"status": "aborted", "engine": d._d.builder.session_id, "dependencies_met": True}
     return Reply(content, metadata)
+
+
+def _dap_error(request: dict[str, Any], message: str) -> dict[str, Any]:
+    """A DAP error response to ``request`` (DAP "Response", ``success`` false)."""
+    seq = request.get("seq")
+    return {
+        "seq": 0,
+        "type": "response",
+        "request_seq": seq if isinstance(seq, int) and not isinstance(seq, bool) else 0,
+        "success": False,
+        "command": str(request.get("command", "")),
+        "message": message,
+    }
 
 
 def _subshell_error(ename: str, evalue: str) -> Reply:
@@ -726,6 +773,7 @@ ROUTES: dict[str, Route] = {
     "create_subshell_request": Route(_CONTROL, Lane.IO, Dispatcher.create_subshell),
     "delete_subshell_request": Route(_CONTROL, Lane.IO, Dispatcher.delete_subshell),
     "list_subshell_request": Route(_CONTROL, Lane.IO, Dispatcher.list_subshell),
+    "debug_request": Route(_CONTROL, Lane.DEBUG, Dispatcher.debug),
 }
 
 #: The route of anything not in ROUTES.

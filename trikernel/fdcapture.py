@@ -61,6 +61,7 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from .debugger import not_traced
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -158,7 +159,7 @@ class FdCapture:
             except OSError as exc:
                 log.warning("fd capture: the relay did not start (%s); reading fd 1/2 directly", exc)
         self.stats.mode = "relay" if self._relay_alive else "direct"
-        threading.Thread(target=self._reader, name="trikernel-fd", daemon=True).start()
+        not_traced(threading.Thread(target=self._reader, name="trikernel-fd", daemon=True)).start()
 
     def _start_relay(self, log_fd: int) -> None:
         import subprocess  # already loaded by IPython

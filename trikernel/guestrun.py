@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import outcome
 import sniffio
 import trio
+from .debugger import not_traced
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -305,6 +306,7 @@ class GuestRun:
         runner.guest_tick_scheduled = False
 
         def wait_for_events() -> Any:  # trio's I/O thread
+            not_traced(threading.current_thread())  # never stopped by the debugger
             return runner.io_manager.get_events(timeout)
 
         def deliver(events: outcome.Outcome[Any]) -> None:  # trio's I/O thread

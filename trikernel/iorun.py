@@ -34,6 +34,7 @@ from .messages import MessageBuilder
 from .sockets import TrioSocket
 from .stdinbridge import StdinBridge
 from .userrun import UserRun
+from .debugger import not_traced
 
 if TYPE_CHECKING:
     from .subshells import SubshellRegistry
@@ -71,7 +72,7 @@ class IORun:
         self._ready = threading.Event()
         self._token: trio.lowlevel.TrioToken | None = None
         self._shutdown: trio.Event | None = None
-        self._thread = threading.Thread(target=self._run_thread, name="trikernel-io", daemon=True)
+        self._thread = not_traced(threading.Thread(target=self._run_thread, name="trikernel-io", daemon=True))
 
     # -- other threads -----------------------------------------------------------
     def start(self) -> None:

@@ -19,6 +19,7 @@ before the reply (fdcapture.py).
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from . import outstream, shellstate
+from .debugger import not_traced
 from .iopub import IOPubQueue
 from .messages import MessageBuilder
 from .wire import Message
@@ -172,6 +174,9 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
         shell = shell_mod.create_shell(publisher)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    save_thread = getattr(shell.history_manager, "save_thread", None)
+    if isinstance(save_thread, threading.Thread):
+        not_traced(save_thread)  # the debugger never stops it (debugger.py)
     comms.set_shell(shell)
     # get_ipython().kernel: what ipywidgets and friends use (shellkernel.py)
     shell.kernel = ShellKernel(deps.parents, comm_manager=comm_manager, shell=shell, session=deps.builder.session_id)

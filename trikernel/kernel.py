@@ -25,6 +25,7 @@ import trio
 from .badinput import BadInputLog
 from . import fdcapture
 from .config import ConnectionInfo, KernelConfig
+from .debugger import Debugger, DebuggerDeps, not_traced
 from .dispatch import DispatchDeps, Dispatcher
 from .heartbeat import Heartbeat
 from .inbound import InboundParser
@@ -101,6 +102,8 @@ class Kernel:
             max_topic_bytes=config.max_topic_bytes,
             message_log=message_log,
         )
+        # debugpy is imported only when a client first turns the debugger on (debugger.py)
+        self.debugger = Debugger(DebuggerDeps(builder, self.queue, self.user_run))
         self.dispatcher = Dispatcher(
             DispatchDeps(
                 builder=builder,
@@ -114,6 +117,7 @@ class Kernel:
                 sockets={name: TrioSocket(bound.sockets[name], name) for name in ("shell", "control")},
                 subshells=self.subshells,
                 message_log=message_log,
+                debugger=self.debugger,
             )
         )
         self.io = IORun(
@@ -126,7 +130,7 @@ class Kernel:
                 TrioSocket(bound.sockets["stdin"], "stdin"),
                 self.user_run,
                 config,
-                (self.bad_input.run, parse.heap.run, self.subshells.serve, *services),
+                (self.bad_input.run, parse.heap.run, self.subshells.serve, self.debugger.serve, *services),
                 self.subshells,
             )
         )
@@ -182,7 +186,7 @@ class Kernel:
         # A cell that computes holds the GIL; the io thread (control, IOPub)
         # gets it after at most this long (docs/benchmarks.md, "Latency").
         sys.setswitchinterval(self.config.switch_interval)
-        Heartbeat(self.bound.sockets["hb"]).start()
+        not_traced(Heartbeat(self.bound.sockets["hb"])).start()
         self.io.start()
         if not self.io.wait_ready():
             return 1

@@ -6,6 +6,12 @@ kernel also honours interrupt_request on control), ``kernel_protocol_version``
 (jupyter_client 8.10 transport encryption) and, with ``--handshake``,
 ``metadata.kernel_provisioner`` selecting the ``trikernel-handshake``
 provisioner.
+
+``metadata.debugger`` is true when debugpy is installed for the
+interpreter writing the spec (the kernel's: ``sys.executable``), which is
+what turns JupyterLab's bug icon on (debugger.py). On CPython the argv
+carries ``-Xfrozen_modules=off``: with frozen standard-library modules
+(3.11+) debugpy warns and can miss breakpoints.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from typing import Any
 KERNEL_NAME = "trikernel"
 DISPLAY_NAME = "Python 3 (trikernel)"
 RESOURCES = os.path.join(os.path.dirname(__file__), "resources")
+#: Interpreter options of the kernel's argv: CPython 3.11+ freezes standard
+#: modules, which debugpy cannot set breakpoints in or map back to files.
+PYTHON_FLAGS: tuple[str, ...] = ("-Xfrozen_modules=off",) if sys.implementation.name == "cpython" else ()
 
 
 def kernel_json(
@@ -31,14 +40,18 @@ def kernel_json(
     interrupt_mode: str = "signal",
     handshake: bool = False,
 ) -> dict[str, Any]:
-    """The kernelspec dict. ``python``: interpreter path or "python"."""
+    """The kernelspec dict. ``python``: interpreter path or "python"
+    (assumed to be this interpreter's kind: ``-Xfrozen_modules=off`` for
+    CPython, ``metadata.debugger`` from :func:`trikernel.debugger.available`)."""
+    from .debugger import available
+
     spec: dict[str, Any] = {
-        "argv": [python, "-m", "trikernel", "-f", "{connection_file}", *extra_argv],
+        "argv": [python, *PYTHON_FLAGS, "-m", "trikernel", "-f", "{connection_file}", *extra_argv],
         "display_name": display_name,
         "language": "python",
         "interrupt_mode": interrupt_mode,
         "kernel_protocol_version": "5.6",
-        "metadata": {"debugger": False, "supported_encryption": ["curve"]},
+        "metadata": {"debugger": available(), "supported_encryption": ["curve"]},
     }
     if handshake:
         spec["metadata"]["kernel_provisioner"] = {"provisioner_name": "trikernel-handshake", "config": {}}

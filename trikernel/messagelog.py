@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from .errors import ConfigError
 from .wire import DELIM
+from .debugger import not_traced
 
 if TYPE_CHECKING:
     from .config import ConnectionInfo, KernelConfig
@@ -212,7 +213,7 @@ class MessageLog:
         self._handled = 0
         self._closing = False
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="trikernel-message-log", daemon=True)
+        self._thread = not_traced(threading.Thread(target=self._run, name="trikernel-message-log", daemon=True))
         self._event("opened", **(opened or {}))
         self._thread.start()
 

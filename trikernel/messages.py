@@ -97,7 +97,7 @@ def language_info() -> dict[str, Any]:
 
 @functools.cache
 def _static_kernel_info() -> dict[str, Any]:
-    from . import __version__
+    from . import __version__, debugger
 
     return {
         "status": "ok",
@@ -111,8 +111,9 @@ def _static_kernel_info() -> dict[str, Any]:
             {"text": "IPython Reference", "url": "https://ipython.readthedocs.io/"},
             {"text": "trio", "url": "https://trio.readthedocs.io/"},
         ],
-        "debugger": False,
-        "supported_features": ["kernel subshells"],  # JEP 91 (subshells.py), named as JEP 92 asks
+        # deprecated boolean, and JEP 92's feature name; only where debugpy is installed (debugger.py)
+        "debugger": debugger.available(),
+        "supported_features": ["kernel subshells", *(["debugger"] if debugger.available() else [])],
     }
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 from IPython.core import page, payloadpage
 from IPython.core.autocall import ZMQExitAutocall
+from IPython.core.compilerop import CachingCompiler
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import StdinNotImplementedError, UsageError
@@ -29,7 +30,7 @@ from IPython.utils.tokenutil import token_at_cursor
 from traitlets import Any as TAny
 from traitlets import Instance, Type
 
-from . import awaitmagics, guiloop, shellstate, tracebacks
+from . import awaitmagics, debugger, guiloop, shellstate, tracebacks
 from .errors import GuiError
 from .outstream import Publisher
 
@@ -112,9 +113,21 @@ class TrikernelDisplayHook(DisplayHook):
             send_display(self.publisher, "execute_result", content)
 
 
+class CellCompiler(CachingCompiler):
+    """IPython's compiler, naming each cell by the file JupyterLab's
+    debugger maps it to: ``debugger.cell_path(raw code)`` (murmur2 of the
+    cell, as ipykernel's ``XCachingCompiler``), so breakpoints set in the
+    notebook are the cell's. Tracebacks still say ``Cell In[n]`` (IPython
+    maps the name back to the cell number)."""
+
+    def get_code_name(self, raw_code: str, transformed_code: str, number: int) -> str:
+        return debugger.cell_path(raw_code)
+
+
 class TrikernelShell(InteractiveShell):
     """An InteractiveShell that publishes through trikernel."""
 
+    compiler_class = Type(CellCompiler)
     displayhook_class = Type(TrikernelDisplayHook)
     display_pub_class = Type(TrikernelDisplayPublisher)
     exiter = Instance(ZMQExitAutocall)

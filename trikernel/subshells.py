@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from . import shellstate
+from .debugger import not_traced
 from .userrun import UserRun
 
 if TYPE_CHECKING:
@@ -108,7 +109,8 @@ class SubshellRun(UserRun):
         self._watch = _StepWatch()
         self._runner: Any = None
         self._interrupt_steps: int | None = None
-        self.thread = threading.Thread(target=self._thread_main, name=THREAD_PREFIX + subshell_id, daemon=True)
+        # not traced: the debugger stops user code on the main thread only
+        self.thread = not_traced(threading.Thread(target=self._thread_main, name=THREAD_PREFIX + subshell_id, daemon=True))
 
     def start(self) -> None:
         """Start the thread (io run)."""
