@@ -452,6 +452,27 @@ class Debugger:
             if shell is not None:
                 _keep_leading_lines(shell, True)
 
+    def after_interrupt(self) -> None:
+        """An interrupt of the main run was delivered (io run, through its
+        token; both interrupt modes). If user code was stopped at a
+        breakpoint, KeyboardInterrupt left pydevd's wait loop with the
+        thread still marked suspended, and the next cell would stop at its
+        first line (ipykernel#821): resume those threads in pydevd (DAP
+        ``continue``), which also tells the client they run again."""
+        if self.stopped_threads and self.is_started and self._nursery is not None:
+            self._nursery.start_soon(self._resume, sorted(self.stopped_threads))
+
+    async def _resume(self, thread_ids: list[int]) -> None:
+        client = self._client
+        for tid in thread_ids:
+            if client is None or client.closed:
+                return
+            try:
+                await client.request("continue", {"threadId": tid})
+            except DapError as exc:
+                log.info("debugger: could not resume thread %s after an interrupt: %s", tid, exc)
+            self.stopped_threads.discard(tid)
+
     # -- events (reader task) -----------------------------------------------------------
     def _on_event(self, event: dict[str, Any]) -> None:
         name = event.get("event")

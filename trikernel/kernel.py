@@ -170,9 +170,11 @@ class Kernel:
     def _interrupt_subshells(self) -> None:
         """UserRun.on_interrupt (main thread, maybe in the SIGINT handler):
         the io run interrupts the busy subshells (JEP 91: interrupts are
-        kernel-wide)."""
+        kernel-wide) and lets the debugger resume a thread stopped at a
+        breakpoint (debugger.py ``after_interrupt``)."""
         try:
             self.io.token.run_sync_soon(self.subshells.interrupt_busy)
+            self.io.token.run_sync_soon(self.debugger.after_interrupt)
         except trio.RunFinishedError:
             pass  # the io run has ended (shutdown)
 
