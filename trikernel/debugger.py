@@ -19,10 +19,11 @@ Which run or thread each part runs on:
   (``UserRun.start_task_soon``): while a cell computes, control keeps
   answering and ``initialize`` is answered when the cell yields or ends.
 - :func:`murmur2`, :func:`cell_path`, :func:`not_traced`,
-  :func:`available`: any thread. The shell's compiler (shell.py
-  ``CellCompiler``) names every cell ``cell_path(code)``, the file name
-  JupyterLab computes for the cell (``tmpFilePrefix + murmur2(code,
-  hashSeed) + tmpFileSuffix``), so breakpoints set in the notebook match.
+  :func:`available`: any thread. Once debugpy has started, the shell's
+  compiler (shell.py ``CellCompiler``) names every cell ``cell_path(code)``,
+  the file name JupyterLab computes for the cell (``tmpFilePrefix +
+  murmur2(code, hashSeed) + tmpFileSuffix``), so breakpoints set in the
+  notebook match.
 
 Nothing here imports debugpy at import time: a kernel that never turns the
 debugger on never imports it and never traces.
@@ -124,6 +125,13 @@ def cell_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"trikernel_{os.getpid()}")
 
 
+#: Set (main thread) when debugpy first starts: from then on cells are
+#: compiled under :func:`cell_path` names (shell.py ``CellCompiler``). Before
+#: that IPython's own ``<ipython-input-…>`` names stay, so a kernel that never
+#: debugs shows exactly the tracebacks it showed before.
+naming_cells = False
+
+
 def cell_path(code: str) -> str:
     """The file name of a cell: ``cell_dir()/<murmur2(code, HASH_SEED)>.py``,
     what JupyterLab computes from debugInfo's prefix, seed and suffix."""
@@ -203,8 +211,10 @@ def _start_debugpy(shell: InteractiveShell, rearm: Callable[[], None]) -> Endpoi
     log.info("debugger: threads not traced: %s", marked)
     import debugpy
 
+    global naming_cells
     debugpy.configure(subProcess=False)
     host, port = debugpy.listen(("127.0.0.1", 0))
+    naming_cells = True
     _keep_leading_lines(shell, True)
     shell.events.register("pre_execute", rearm)
     return Endpoint(str(host), int(port))

@@ -114,14 +114,16 @@ class TrikernelDisplayHook(DisplayHook):
 
 
 class CellCompiler(CachingCompiler):
-    """IPython's compiler, naming each cell by the file JupyterLab's
-    debugger maps it to: ``debugger.cell_path(raw code)`` (murmur2 of the
-    cell, as ipykernel's ``XCachingCompiler``), so breakpoints set in the
-    notebook are the cell's. Tracebacks still say ``Cell In[n]`` (IPython
-    maps the name back to the cell number)."""
+    """IPython's compiler; once the debugger has started, it names each cell
+    by the file JupyterLab's debugger maps it to: ``debugger.cell_path(raw
+    code)`` (murmur2 of the cell, as ipykernel's ``XCachingCompiler``), so
+    breakpoints set in the notebook are the cell's. IPython's tracebacks
+    still say ``Cell In[n]`` (it maps the name back to the cell number)."""
 
     def get_code_name(self, raw_code: str, transformed_code: str, number: int) -> str:
-        return debugger.cell_path(raw_code)
+        if debugger.naming_cells:
+            return debugger.cell_path(raw_code)
+        return str(super().get_code_name(raw_code, transformed_code, number))
 
 
 class TrikernelShell(InteractiveShell):
