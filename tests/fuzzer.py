@@ -167,7 +167,10 @@ class Fuzzer:
             "comm_info_request": rnd.choice([{}, {"target_name": "fuzz"}]),
             "kernel_info_request": {},
             "interrupt_request": {},
-            "debug_request": {"seq": 1, "type": "request", "command": "initialize"},
+            # not initialize: that starts debugpy (its adapter process, pydevd's
+            # memory and tracing), which tests/test_debugger.py covers; here the
+            # kernel's RSS bound is about handling input
+            "debug_request": {"seq": 1, "type": "request", "command": "debugInfo"},
             "create_subshell_request": {},
             "input_reply": {"value": _junk_text(rnd)},
         }.get(msg_type, {})

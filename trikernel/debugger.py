@@ -220,6 +220,13 @@ def _start_debugpy(shell: InteractiveShell, rearm: Callable[[], None]) -> Endpoi
     return Endpoint(str(host), int(port))
 
 
+def _detached(shell: InteractiveShell) -> None:
+    """Main thread, after the client disconnected: IPython's cleanup back,
+    the main thread no longer traced."""
+    _keep_leading_lines(shell, False)
+    _trace_main_thread(False)
+
+
 def _keep_leading_lines(shell: InteractiveShell, keep: bool) -> None:
     """Main thread: take IPython's ``leading_empty_lines`` cleanup out (keep
     True) or put it back first (keep False)."""
@@ -233,15 +240,34 @@ def _keep_leading_lines(shell: InteractiveShell, keep: bool) -> None:
 
 
 def _rearm_tracing() -> None:
-    """Main thread, before each cell while a client is attached: if an
-    exception (an interrupt while stopped at a breakpoint, ipykernel#821)
-    escaped pydevd's trace function, Python turned tracing off for this
-    thread; turn it back on so breakpoints stop again."""
-    if sys.gettrace() is None and sys.version_info < (3, 12):
+    """Main thread, before each cell while a client is attached: if tracing
+    of this thread is off — an exception (an interrupt while stopped at a
+    breakpoint, ipykernel#821) escaped pydevd's trace function, or the last
+    client disconnected — turn it back on so breakpoints stop again."""
+    if sys.version_info < (3, 12) and sys.gettrace() is None:
         import debugpy
 
         debugpy.trace_this_thread(True)
-        log.info("debugger: tracing of the main thread was off (an interrupt while stopped?); turned back on")
+        log.info("debugger: tracing of the main thread turned back on")
+
+
+def _trace_main_thread(on: bool) -> None:
+    """Main thread: trace it (a client attached) or stop tracing it (the
+    client disconnected: without this, Python 3.11 keeps paying pydevd's
+    trace function on every call after the debugger was turned off). Off
+    also clears the trace function of the frames running now (trio's run
+    loop), which Python would otherwise keep calling for their lines."""
+    import debugpy
+
+    if on:
+        if sys.version_info >= (3, 12) or sys.gettrace() is None:
+            debugpy.trace_this_thread(True)
+        return
+    debugpy.trace_this_thread(False)
+    frame = sys._getframe()
+    while frame is not None:
+        frame.f_trace = None
+        frame = frame.f_back  # type: ignore[assignment]
 
 
 # -- io run: the debugger --------------------------------------------------------------
@@ -420,6 +446,11 @@ class Debugger:
             await client.request("configurationDone")
             answer = await client.wait(handle, "attach")
             self._attached = bool(answer.get("success"))
+            if self._attached:
+                from .userrun import Job
+
+                # traced again at once, not only from the next cell (a task in trikernel.nursery)
+                self._d.user_run.start_task_soon(Job(_async(lambda: _trace_main_thread(True))))
             return self._as_reply(request, answer)
 
     async def _configuration_done(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -451,7 +482,7 @@ class Debugger:
             if shell is not None and self._endpoint is not None:
                 from .userrun import Job
 
-                self._d.user_run.start_task_soon(Job(_async(lambda: _keep_leading_lines(shell, False))))
+                self._d.user_run.start_task_soon(Job(_async(lambda: _detached(shell))))
             return reply
 
     def _rearm(self) -> None:
