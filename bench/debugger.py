@@ -16,7 +16,9 @@ Rows: wall time inside the kernel of
 - ``trio checkpoints``: ``await trio.lowlevel.checkpoint()`` ``--checkpoints``
   times (trikernel: top-level await in the cell's trio run; ipykernel:
   ``trio.run`` of the same function in the cell, as it has no trio loop);
-- ``python loop``: ``x += i`` ``--loop`` times in a function defined in a cell.
+- ``python loop``: ``x += i`` ``--loop`` times in a function defined in a cell;
+- ``kernel RSS``: the kernel process's resident memory after the phase
+  change (psutil; debugpy's adapter is a process of its own, not counted).
 
 The functions are defined again after every phase change, so in every phase
 they are cell code under the names the kernel gives cells then. Medians of
@@ -106,6 +108,11 @@ class Kernel:
             self.debug("disconnect", {"restart": False, "terminateDebuggee": False})
         self.execute(DEFINE)
 
+    def rss_mib(self) -> float:
+        import psutil
+
+        return float(psutil.Process(self.km.provisioner.pid).memory_info().rss) / 2**20  # type: ignore[union-attr]
+
     def stop(self) -> None:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=False)
@@ -140,10 +147,12 @@ def main() -> None:
     os.environ["JUPYTER_PATH"] = root + os.pathsep + os.environ.get("JUPYTER_PATH", "")
     kernels = [Kernel("trikernel", "bench-trikernel"), Kernel("ipykernel", "bench-ipykernel")]
     figures: dict[str, dict[str, dict[str, list[float]]]] = {k.label: {} for k in kernels}
+    rss: dict[str, dict[str, float]] = {k.label: {} for k in kernels}
     try:
         for phase in PHASES:
             for k in kernels:
                 k.phase(phase)
+                rss[k.label][phase] = k.rss_mib()
             for _ in range(args.reps):
                 for k in kernels:
                     row = figures[k.label].setdefault(phase, {"trio checkpoints": [], "python loop": []})
@@ -161,6 +170,7 @@ def main() -> None:
                 med = statistics.median(figures[label][phase][what])
                 cells.append(f"{med:.3f} s ({med / base:.2f}x)")
             rows.append(cells)
+        rows.append([label, "kernel RSS", *(f"{rss[label][p]:.0f} MiB" for p in PHASES)])
     table = md_table(["kernel", "loop", *PHASES], rows)
     print(f"{machine()}; {args.checkpoints} checkpoints, {args.loop} loop iterations, median of {args.reps}")
     print(table)
@@ -172,6 +182,7 @@ def main() -> None:
             "versions": versions(),
             "args": vars(args),
             "figures": figures,
+            "rss_mib": rss,
             "python": sys.version,
             "clock": time.get_clock_info("perf_counter").implementation,
         },
