@@ -40,10 +40,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _common import RESULTS_DIR, machine, md_table, now_iso, versions, write_json  # noqa: E402
-from jupyter_client.manager import KernelManager  # noqa: E402
+from _common import RESULTS_DIR, machine, md_table, now_iso, versions, write_json
+from jupyter_client.manager import KernelManager
 
-from trikernel.kernelspec import kernel_json  # noqa: E402
+from trikernel.kernelspec import kernel_json
 
 DEFINE = """
 import time, trio

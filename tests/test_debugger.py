@@ -399,6 +399,23 @@ def test_breakpoint_stops(session: Debug, kind: str) -> None:
     session.ok("setBreakpoints", {"breakpoints": [], "source": {"path": path}})
 
 
+def test_breakpoint_in_a_thread_the_cell_starts(session: Debug) -> None:
+    """A user thread stops alone; the main thread (joining it) is not stopped."""
+    code = (
+        "import threading\ndef work():\n    t1 = 2\n    t2 = t1 + 1\n\n"
+        "th = threading.Thread(target=work, name='user-worker')\nth.start()\nth.join()\n"
+    )
+    msg_id, path, tid = session.stop_at(code, 4)
+    threads = {t["id"]: t["name"] for t in session.ok("threads")["body"]["threads"]}
+    assert threads[tid] == "user-worker"
+    assert not any(name.startswith(("trikernel-", "Trio thread")) for name in threads.values()), threads
+    top = session.frames(tid)[0]
+    assert (top["name"], top["line"], top["source"]["path"]) == ("work", 4, path)
+    assert session.ok("debugInfo")["body"]["stoppedThreads"] == [tid]
+    assert session.resume(tid, msg_id)["status"] == "ok"
+    session.ok("setBreakpoints", {"breakpoints": [], "source": {"path": path}})
+
+
 def test_set_breakpoints_listed_in_debug_info(session: Debug) -> None:
     code = "x_listed = 1\ny_listed = 2\n"
     path = session.breakpoint(code, 2)
