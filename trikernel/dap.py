@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
 log = logging.getLogger("trikernel.dap")
 
@@ -84,11 +84,12 @@ class DapClient:
     :meth:`request` sends with a sequence number of its own and waits for the
     response whose ``request_seq`` is that number (DAP "ProtocolMessage"):
     concurrent requests, events in between and responses out of order are
-    all matched right. :meth:`serve` is the one reader; ``on_event`` is
-    called (in the reader task, must not block) for each DAP event.
+    all matched right. :meth:`serve` is the one reader; it awaits
+    ``on_event`` for each DAP event, in the order debugpy sent them (so the
+    events reach IOPub in that order by construction).
     """
 
-    def __init__(self, stream: trio.abc.Stream, on_event: Callable[[dict[str, Any]], None]):
+    def __init__(self, stream: trio.abc.Stream, on_event: Callable[[dict[str, Any]], Awaitable[None]]):
         self._stream = stream
         self._on_event = on_event
         self._seq = itertools.count(1)
@@ -160,29 +161,33 @@ class DapClient:
                         return
                     buf += chunk
                 body, buf = buf[start : start + length], buf[start + length :]
-                self._dispatch(body)
+                event = self._dispatch(body)
+                if event is not None:
+                    await self._on_event(event)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, DapError) as exc:
             log.info("debugpy connection ended: %s", exc)
         finally:
             self._close_pending()
 
-    def _dispatch(self, body: bytes) -> None:
+    def _dispatch(self, body: bytes) -> dict[str, Any] | None:
+        """Wake the request a response answers; return an event (else None)."""
         try:
             msg = json.loads(body)
         except ValueError:
             log.warning("debugpy sent a message that is not JSON; dropped")
-            return
+            return None
         if not isinstance(msg, dict):
-            return
+            return None
         if msg.get("type") == "event":
-            self._on_event(msg)
-        elif msg.get("type") == "response":
+            return msg
+        if msg.get("type") == "response":
             pending = self._pending.get(msg.get("request_seq"))  # type: ignore[arg-type]
             if pending is None:
                 log.debug("debugpy response to no waiting request: %s", msg.get("command"))
-                return
+                return None
             pending.response = msg
             pending.event.set()
+        return None
 
     def _close_pending(self) -> None:
         self.closed = True

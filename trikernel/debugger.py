@@ -515,7 +515,7 @@ class Debugger:
             self.stopped_threads.discard(tid)
 
     # -- events (reader task) -----------------------------------------------------------
-    def _on_event(self, event: dict[str, Any]) -> None:
+    async def _on_event(self, event: dict[str, Any]) -> None:
         name = event.get("event")
         raw = event.get("body")
         body: dict[str, Any] = raw if isinstance(raw, dict) else {}
@@ -534,7 +534,7 @@ class Debugger:
                 tid = body.get("threadId")
                 if isinstance(tid, int):
                     self.stopped_threads.discard(tid)
-        self._publish(event)
+        await self._d.queue.send(self._d.builder.iopub("debug_event", event, self._parent))
 
     async def _add_all_threads(self) -> None:
         client = self._client
@@ -547,11 +547,6 @@ class Debugger:
         for t in (threads.get("body") or {}).get("threads") or []:
             if isinstance(t.get("id"), int):
                 self.stopped_threads.add(t["id"])
-
-    def _publish(self, event: dict[str, Any]) -> None:
-        msg = self._d.builder.iopub("debug_event", event, self._parent)
-        if self._nursery is not None:
-            self._nursery.start_soon(self._d.queue.send, msg)
 
     # -- answered by the kernel -------------------------------------------------------
     async def _debug_info(self, request: dict[str, Any]) -> dict[str, Any]:
