@@ -348,7 +348,10 @@ def test_install_writes_kernelspec(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     spec = json.loads((prefix / "share/jupyter/kernels/tk-x/kernel.json").read_text())
-    assert spec["argv"][:3] == [sys.executable, "-m", "trikernel"] and "{connection_file}" in spec["argv"]
+    # CPython 3.11+ freezes standard modules; debugpy needs them as files (docs/debugger.md)
+    assert spec["argv"][:4] == [sys.executable, "-Xfrozen_modules=off", "-m", "trikernel"]
+    assert "{connection_file}" in spec["argv"]
+    assert spec["metadata"]["debugger"] is True  # debugpy is installed here: JupyterLab's bug icon
     assert spec["display_name"] == "TK X"
     assert spec["metadata"]["supported_encryption"] == ["curve"]
     assert spec["interrupt_mode"] == "signal"
@@ -361,7 +364,8 @@ def test_pip_installed_kernelspec_is_listed():
     specs = KernelSpecManager().find_kernel_specs()
     assert "trikernel" in specs
     spec = json.loads(open(os.path.join(specs["trikernel"], "kernel.json")).read())
-    assert spec["argv"][1:3] == ["-m", "trikernel"]
+    assert spec["argv"][1:4] == ["-Xfrozen_modules=off", "-m", "trikernel"]
+    assert spec["metadata"]["debugger"] is True
 
 
 def test_deprecated_shutdown_on_shell_is_answered_on_shell(jupyter_path):
