@@ -24,6 +24,7 @@ import pathlib
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +45,7 @@ from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
+REPO_ROOT = BENCH_DIR.parent
 LOG_DIR = RESULTS_DIR / "logs"
 
 #: Display order and labels of the kernels compared.
@@ -412,3 +414,26 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def write_json(path: pathlib.Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=str))
+
+
+def baseline_kernelspec(rev: str, root: pathlib.Path) -> str:
+    """A kernelspec that runs trikernel as of git revision ``rev``; returns its name."""
+    short = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", rev], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    src = root / f"src-{short}"
+    src.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", rev, "trikernel"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
+    name = f"trikernel-{short}"
+    d = root / "kernels" / name
+    d.mkdir(parents=True)
+    boot = f"import sys, runpy; sys.path.insert(0, {str(src)!r}); runpy.run_module('trikernel', run_name='__main__', alter_sys=True)"
+    spec = {
+        "argv": [sys.executable, "-c", boot, "-f", "{connection_file}"],
+        "display_name": name,
+        "language": "python",
+        "metadata": {"supported_encryption": ["curve"]},
+    }
+    (d / "kernel.json").write_text(json.dumps(spec))
+    return name

@@ -17,7 +17,10 @@ load on the machine hits every kernel alike; medians and p99 over
 uses the connection's key (HMAC-SHA256), as every client does. Nothing is
 asserted.
 
-Usage: python bench/latency.py [--requests 300] [--kernels trikernel python3 xpython] [--json PATH]
+``--baseline REV ...`` adds trikernel as of each git revision (``git
+archive`` of ``trikernel/`` on ``sys.path``), next to the checkout's own.
+
+Usage: python bench/latency.py [--requests 300] [--baseline REV ...] [--kernels trikernel python3 xpython] [--json PATH]
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ import hashlib
 import hmac
 import json
 import os
+import pathlib
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -41,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (
     RESULTS_DIR,
     available_kernels,
+    baseline_kernelspec,
     fmt,
     label,
     machine,
@@ -211,9 +218,15 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--flood-requests", type=int, default=100)
     ap.add_argument("--kernels", nargs="*", default=None)
+    ap.add_argument("--baseline", nargs="*", default=[], help="git revisions of trikernel to compare with")
     ap.add_argument("--json", default=str(RESULTS_DIR / "latency.json"))
     args = ap.parse_args()
+    root = pathlib.Path(tempfile.mkdtemp(prefix="bench-latency-"))
+    bases = [baseline_kernelspec(rev, root) for rev in args.baseline]
+    if bases:
+        os.environ["JUPYTER_PATH"] = str(root) + os.pathsep + os.environ.get("JUPYTER_PATH", "")
     names = available_kernels(args.kernels)
+    names = [*names[:1], *bases, *names[1:]] if not args.kernels else names
     kernels = {n: start_kernel(n, log_tag="-latency") for n in names}
     clients = {n: RawClient(k.km.get_connection_info()) for n, k in kernels.items()}
     rows: dict[str, dict[str, list[float]]] = {
@@ -243,6 +256,7 @@ def main() -> int:
             c.close()
         for k in kernels.values():
             k.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
     result = {n: {row: stats(xs) for row, xs in r.items()} for n, r in rows.items()}
     base = "xpython" if "xpython" in result else names[0]
     table = []
@@ -263,7 +277,7 @@ def main() -> int:
     ]
     text = f"# latency ({now_iso()}, {machine()})\n\n" + md_table(headers, table)
     print(text)
-    write_json(__import__("pathlib").Path(args.json), {"versions": versions(), "results": result})
+    write_json(pathlib.Path(args.json), {"versions": versions(), "results": result})
     (RESULTS_DIR / "latency.md").write_text(text + "\n")
     return 0
 
