@@ -172,11 +172,13 @@ def test_interrupts_survive_user_sigint_changes(jupyter_path: str, mode: str, di
         stop_kernel(km, kc)
 
 
-def test_a_kernel_started_with_sigint_ignored_gets_interrupts(jupyter_path: str, tmp_path: Any) -> None:
-    """`nohup kernel &`, as remote launchers over SSH start kernels."""
+@pytest.mark.parametrize("mode", ["signal", "message"])
+def test_a_kernel_started_with_sigint_ignored_gets_interrupts(jupyter_path: str, tmp_path: Any, mode: str) -> None:
+    """`nohup kernel &`, as remote launchers over SSH start kernels: both
+    interrupt modes (a message-mode interrupt is delivered as SIGINT too)."""
     from jupyter_client.manager import KernelManager
 
-    km = KernelManager(kernel_name="trikernel-test-signal")
+    km = KernelManager(kernel_name=f"trikernel-test-{mode}")
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child across exec
     try:
         km.start_kernel()
@@ -337,6 +339,75 @@ def test_curve_warning_only_beyond_loopback(jupyter_path: str, tmp_path: Any) ->
         km, kc = start_kernel("trikernel-test-signal", stderr=log)
     stop_kernel(km, kc)
     assert "CurveZMQ" not in log_path.read_text()
+
+
+def test_curve_warning_beyond_loopback_is_one_warning_line(tmp_path: Any) -> None:
+    """A kernel bound beyond loopback without CurveZMQ keys says so at
+    warning level, once (issue 9.10). Nothing connects to it: the test reads
+    the start-up log and stops the kernel."""
+    conn = tmp_path / "conn.json"
+    conn.write_text(json.dumps({"ip": "0.0.0.0", "transport": "tcp", "key": "k", "signature_scheme": "hmac-sha256"}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trikernel", "-f", str(conn)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        cwd=str(tmp_path),
+    )
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + TIMEOUT
+        line = ""
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if "CurveZMQ" in line or not line:
+                break
+        assert "CurveZMQ keys absent" in line and "WARNING" in line and "0.0.0.0" in line, line
+        assert "Traceback" not in line
+    finally:
+        proc.terminate()
+        proc.wait(TIMEOUT)
+
+
+def test_a_cell_and_its_thread_wait_for_input_at_once(jupyter_path: str) -> None:
+    """Two input() pending together, one from the cell, one from a thread it
+    started: both input_requests arrive before either is answered, and each
+    answer goes back to the caller that asked (issue 9.9, the stdin bridge's
+    slot per request). Before, the second input() waited for the first."""
+    km, kc = start_kernel("trikernel-test-signal")
+    try:
+        code = (
+            "import threading\n"
+            "box = {}\n"
+            "t = threading.Thread(target=lambda: box.__setitem__('t', input('thread? ')))\n"
+            "t.start()\n"
+            "c = input('cell? ')\n"
+            "t.join(30)\n"
+            "print('cell got', c, 'thread got', box.get('t'))\n"
+        )
+        msg_id = kc.execute(code, allow_stdin=True)
+        pending: dict[str, Any] = {}
+        deadline = time.monotonic() + TIMEOUT
+        while len(pending) < 2 and time.monotonic() < deadline:
+            try:
+                req = kc.get_stdin_msg(timeout=1)
+            except Exception:
+                continue
+            pending[req["content"]["prompt"]] = req
+        assert set(pending) == {"cell? ", "thread? "}, f"pending at once: {sorted(pending)}"
+        # answer the thread first: the cell's input() must not take it
+        for prompt, value in (("thread? ", "T"), ("cell? ", "C")):
+            kc.session.send(kc.stdin_channel.socket, kc.session.msg("input_reply", {"value": value}, parent=pending[prompt]["header"]))
+        r = reply_of(kc, msg_id)
+        assert r["content"]["status"] == "ok", r["content"]
+        text = ""
+        while "thread got" not in text:
+            m = kc.get_iopub_msg(timeout=TIMEOUT)
+            if m["msg_type"] == "stream" and m["parent_header"].get("msg_id") == msg_id:
+                text += m["content"]["text"]
+        assert "cell got C thread got T" in text, text
+    finally:
+        stop_kernel(km, kc)
 
 
 def test_jpy_parent_pid_of_another_process_is_ignored(tmp_path: Any) -> None:
