@@ -544,3 +544,33 @@ def test_forked_childs_display_notice_goes_to_the_terminal(jupyter_path: str, tm
     finally:
         stop_kernel(km, kc)
     assert "cannot reach the notebook" in log_path.read_text()
+
+
+@pytest.mark.parametrize("mode", ["signal", "message"])
+def test_an_interrupt_while_idle_never_lands_in_the_next_cell(jupyter_path: str, mode: str) -> None:
+    """An interrupt that reaches an idle kernel is ignored, even when a cell
+    arrives right behind it: the cell was not running when the interrupt was
+    asked for. Found by the fuzzer: trio delivers a SIGINT caught in
+    KI-protected code at the next checkpoint, which could be inside the next
+    cell. Signal mode: jupyter_client sends SIGINT to the process; message
+    mode: an interrupt_request on control."""
+    km, kc = start_kernel(f"trikernel-test-{mode}")
+    try:
+        failed = []
+        for i in range(150):
+            if mode == "signal":
+                km.interrupt_kernel()  # os.kill: SIGINT is pending before the cell is sent
+            else:
+                # the interrupt's reply first: control and shell are separate
+                # sockets, so a cell sent at once may legitimately start first
+                msg = kc.session.msg("interrupt_request", {})
+                kc.control_channel.send(msg)
+                while kc.control_channel.get_msg(timeout=TIMEOUT)["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+                    pass
+            r, _ = execute(kc, f"{i} + 1")
+            if r["content"]["status"] != "ok":
+                failed.append((i, r["content"].get("ename")))
+        assert not failed, f"{len(failed)} of 150 cells were interrupted: {failed[:5]}"
+        assert km.is_alive()
+    finally:
+        stop_kernel(km, kc)
