@@ -423,7 +423,9 @@ def baseline_kernelspec(rev: str, root: pathlib.Path) -> str:
     ).stdout.strip()
     src = root / f"src-{short}"
     src.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", rev, "trikernel"], capture_output=True, check=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "archive", rev, "trikernel"], capture_output=True, check=True
+    )
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
     name = f"trikernel-{short}"
     d = root / "kernels" / name

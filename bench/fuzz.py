@@ -152,7 +152,9 @@ def main() -> None:
         r = run_kernel(name, args.messages, args.burst, args.seed, logdir)
         results.append(r)
         print(json.dumps(r), flush=True)
-    print("\n| kernel | messages | s | bursts survived | deaths/hangs | RSS start/max/end/idle MiB | log lines per 1000 bad |")
+    print(
+        "\n| kernel | messages | s | bursts survived | deaths/hangs | RSS start/max/end/idle MiB | log lines per 1000 bad |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in results:
         print(

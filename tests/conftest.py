@@ -36,7 +36,9 @@ class ValidatingClient(BlockingKernelClient):
             # (and every frontend) says boolean. We send the spec's bool and
             # validate the rest of the message against msgspec_v5.
             assert isinstance(msg["content"]["password"], bool)
-            validate_message({**msg, "content": {**msg["content"], "password": int(msg["content"]["password"])}}, "input_request")
+            validate_message(
+                {**msg, "content": {**msg["content"], "password": int(msg["content"]["password"])}}, "input_request"
+            )
         elif msg["msg_type"] in COMM_TYPES:
             # msgspec_v5 has no comm schemas: header/structure from it, content by the spec
             msg_structure_validator.validate(msg)
@@ -84,7 +86,9 @@ def install_kernelspec(prefix: Any, name: str, *flags: str) -> str:
     return os.path.join(str(prefix), "share", "jupyter")
 
 
-def make_kernelspec(root: str, name: str, *, interrupt_mode: str = "signal", extra_argv: list[str] | None = None) -> str:
+def make_kernelspec(
+    root: str, name: str, *, interrupt_mode: str = "signal", extra_argv: list[str] | None = None
+) -> str:
     d = os.path.join(root, "kernels", name)
     os.makedirs(d, exist_ok=True)
     spec = {
@@ -163,7 +167,9 @@ def collect_outputs(kc: BlockingKernelClient, msg_id: str, timeout: float = TIME
             return out
 
 
-def execute(kc: BlockingKernelClient, code: str, timeout: float = TIMEOUT, **kw: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def execute(
+    kc: BlockingKernelClient, code: str, timeout: float = TIMEOUT, **kw: Any
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Execute ``code``; returns (execute_reply, iopub messages of that request)."""
     msg_id = kc.execute(code, **kw)
     outputs = collect_outputs(kc, msg_id, timeout)

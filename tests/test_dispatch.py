@@ -92,8 +92,13 @@ class FakeJobs:
             # a real failing cell takes milliseconds (IPython formats the
             # traceback); the burst behind it is dated within that time
             await trio.sleep(0.02)
-            return {"status": "error", "ename": "ValueError", "evalue": "x", "traceback": [],
-                    "execution_count": self.execution_count - 1}
+            return {
+                "status": "error",
+                "ename": "ValueError",
+                "evalue": "x",
+                "traceback": [],
+                "execution_count": self.execution_count - 1,
+            }
         return {"status": "ok", "execution_count": self.execution_count - 1, "user_expressions": {}, "payload": []}
 
     def complete(self, msg: Message) -> dict[str, Any]:
@@ -226,8 +231,9 @@ def rig() -> Iterator[Rig]:
     )
     iopub = IOPubTask(bound.sockets["iopub"], queue, builder, send_timeout=5.0, warn_after=1.0)
     io = IORun(
-        IORunParts(builder, queue, iopub, dispatcher, stdin, TrioSocket(bound.sockets["stdin"], "stdin"),
-                   user_run, config)  # type: ignore[arg-type]
+        IORunParts(
+            builder, queue, iopub, dispatcher, stdin, TrioSocket(bound.sockets["stdin"], "stdin"), user_run, config
+        )  # type: ignore[arg-type]
     )
     io.start()
     assert io.wait_ready()
@@ -265,7 +271,9 @@ def states(msgs: list[dict[str, Any]]) -> list[str]:
         ("control", "usage_request", {}),
     ],
 )
-def test_every_request_is_bracketed_and_answered(rig: Rig, channel: str, msg_type: str, content: dict[str, Any]) -> None:
+def test_every_request_is_bracketed_and_answered(
+    rig: Rig, channel: str, msg_type: str, content: dict[str, Any]
+) -> None:
     msg_id = rig.client.send(channel, msg_type, content)
     reply = rig.client.reply(channel, msg_id)
     assert reply["msg_type"] == msg_type.replace("_request", "_reply")

@@ -65,13 +65,19 @@ def test_only_execute_requests_are_aborted(kernel: Any) -> None:
 
 
 def _execute_request(kc: Any, code: str) -> dict[str, Any]:
-    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {},
-               "allow_stdin": False, "stop_on_error": True}
+    content = {
+        "code": code,
+        "silent": False,
+        "store_history": True,
+        "user_expressions": {},
+        "allow_stdin": False,
+        "stop_on_error": True,
+    }
     return kc.session.msg("execute_request", content)
 
 
 def test_run_all_with_a_failing_first_cell_runs_none_of_the_rest(kernel: Any) -> None:
-    """"Run All": one failing cell and 40 more sent at once; 10 of 10 trials.
+    """ "Run All": one failing cell and 40 more sent at once; 10 of 10 trials.
 
     The 41 requests are made first and then sent back to back, as a
     frontend's Run All does; whether they reach the kernel before or after
@@ -79,7 +85,9 @@ def test_run_all_with_a_failing_first_cell_runs_none_of_the_rest(kernel: Any) ->
     km, kc = kernel
     execute(kc, "ran = []")
     for trial in range(10):
-        msgs = [_execute_request(kc, "1/0")] + [_execute_request(kc, f"ran.append({trial * 100 + i})") for i in range(40)]
+        msgs = [_execute_request(kc, "1/0")] + [
+            _execute_request(kc, f"ran.append({trial * 100 + i})") for i in range(40)
+        ]
         for m in msgs:
             kc.shell_channel.send(m)
         ids = [m["header"]["msg_id"] for m in msgs]
@@ -308,7 +316,9 @@ def test_log_level_env_is_case_insensitive(tmp_path: Any, level: str) -> None:
         (["-f", "x.json", "--iopub-capacity", "0"], {}, "--iopub-capacity"),
     ],
 )
-def test_bad_options_are_one_line_naming_the_field(tmp_path: Any, args: list[str], env: dict[str, str], needle: str) -> None:
+def test_bad_options_are_one_line_naming_the_field(
+    tmp_path: Any, args: list[str], env: dict[str, str], needle: str
+) -> None:
     p = _run_cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], env=env)
     assert p.returncode != 0
     assert "Traceback" not in p.stderr, p.stderr

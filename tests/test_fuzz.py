@@ -166,7 +166,10 @@ class KernelFuzz(RuleBasedStateMachine):
         Shared.last = f"{min(n, 2) if kind in HEAVY else n} x {kind}"
         peers.drain(10)
 
-    @rule(kinds=st.lists(st.sampled_from(sorted(set(KINDS) - HEAVY)), min_size=2, max_size=6), seed=st.integers(0, 2**32 - 1))
+    @rule(
+        kinds=st.lists(st.sampled_from(sorted(set(KINDS) - HEAVY)), min_size=2, max_size=6),
+        seed=st.integers(0, 2**32 - 1),
+    )
     def mixed_burst(self, kinds: list[str], seed: int) -> None:
         if time.monotonic() > Shared.deadline:
             return
@@ -207,7 +210,9 @@ class KernelFuzz(RuleBasedStateMachine):
         if Shared.baseline:
             growth = psutil.Process(km.provisioner.pid).memory_info().rss - Shared.baseline
             if growth > Shared.max_growth + (4 << 20):
-                print(f"fuzz: RSS +{growth / 2**20:.1f} MiB after burst {Shared.bursts} ({Shared.last})", file=sys.stderr)
+                print(
+                    f"fuzz: RSS +{growth / 2**20:.1f} MiB after burst {Shared.bursts} ({Shared.last})", file=sys.stderr
+                )
             Shared.max_growth = max(Shared.max_growth, growth)
             assert growth < RSS_SLACK, f"RSS grew by {growth / 2**20:.1f} MiB"
 

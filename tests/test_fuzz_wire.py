@@ -84,7 +84,9 @@ def test_depth_limit_is_exact_at_the_default():
 
 json_tree = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab\u00e9', max_size=6),
-    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(alphabet='[]{}"\\k', max_size=4), kids, max_size=3),
+    lambda kids: (
+        st.lists(kids, max_size=3) | st.dictionaries(st.text(alphabet='[]{}"\\k', max_size=4), kids, max_size=3)
+    ),
     max_leaves=40,
 )
 
@@ -172,7 +174,9 @@ def test_date_shaped_header_strings_that_are_no_date_are_refused(value, field):
     assert exc.value.kind == "bad_header"
 
 
-@pytest.mark.parametrize("value", ["2026-01-01T00:00:00.123456Z", "2026-01-01T00:00:00+0100", "2026-01-01T00:00:00+99:99"])
+@pytest.mark.parametrize(
+    "value", ["2026-01-01T00:00:00.123456Z", "2026-01-01T00:00:00+0100", "2026-01-01T00:00:00+99:99"]
+)
 def test_real_dates_in_the_header_pass(value):
     header = {**json.loads(good_parts()[0]), "date": value}
     deserialize(signed([json.dumps(header).encode(), b"{}", b"{}", b"{}"]), Signer(KEY))
@@ -231,10 +235,24 @@ def test_limits_are_kernel_config_fields_with_cli_flags():
     from trikernel.cli import _run_parser
 
     args = _run_parser().parse_args(
-        ["-f", "x.json", "--max-frames", "99", "--max-json-bytes", "100000", "--max-json-depth", "40",
-         "--max-topic-bytes", "10", "--bad-input-log-interval", "2.5"]
+        [
+            "-f",
+            "x.json",
+            "--max-frames",
+            "99",
+            "--max-json-bytes",
+            "100000",
+            "--max-json-depth",
+            "40",
+            "--max-topic-bytes",
+            "10",
+            "--bad-input-log-interval",
+            "2.5",
+        ]
     )
-    cfg = KernelConfig(max_frames=args.max_frames, max_json_bytes=args.max_json_bytes, max_json_depth=args.max_json_depth)
+    cfg = KernelConfig(
+        max_frames=args.max_frames, max_json_bytes=args.max_json_bytes, max_json_depth=args.max_json_depth
+    )
     assert cfg.wire_limits == WireLimits(99, 100000, 40)
     assert (args.max_topic_bytes, args.bad_input_log_interval) == (10, 2.5)
     assert KernelConfig().wire_limits == wire.DEFAULT_LIMITS
@@ -242,7 +260,13 @@ def test_limits_are_kernel_config_fields_with_cli_flags():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_frames", 3), ("max_json_bytes", 100), ("max_json_depth", 2), ("bad_input_log_interval", 0), ("max_topic_bytes", -1)],
+    [
+        ("max_frames", 3),
+        ("max_json_bytes", 100),
+        ("max_json_depth", 2),
+        ("bad_input_log_interval", 0),
+        ("max_topic_bytes", -1),
+    ],
 )
 def test_bad_limits_name_the_option(field, value):
     with pytest.raises(ConfigError, match="--" + field.replace("_", "-")):

@@ -17,7 +17,9 @@ def types(outputs):
 
 def test_iopub_order_busy_input_outputs_idle(kernel):
     km, kc = kernel
-    reply, out = execute(kc, "print('a')\nfrom IPython.display import display\ndisplay({'text/plain': 'b'}, raw=True)\n3")
+    reply, out = execute(
+        kc, "print('a')\nfrom IPython.display import display\ndisplay({'text/plain': 'b'}, raw=True)\n3"
+    )
     assert reply["content"]["status"] == "ok"
     t = types(out)
     assert t[0] == "status" and out[0]["content"]["execution_state"] == "busy"
@@ -250,7 +252,10 @@ def test_ipywidgets_click_reaches_on_click(kernel):
     opens = [m for m in out if m["msg_type"] == "comm_open"]
     assert any(m["content"]["target_name"] == "jupyter.widget" for m in opens)
     button = [m for m in opens if m["content"]["data"]["state"].get("_model_name") == "ButtonModel"][0]
-    assert any(m["msg_type"] == "display_data" and "application/vnd.jupyter.widget-view+json" in m["content"]["data"] for m in out)
+    assert any(
+        m["msg_type"] == "display_data" and "application/vnd.jupyter.widget-view+json" in m["content"]["data"]
+        for m in out
+    )
     click = kc.session.msg(
         "comm_msg",
         {"comm_id": button["content"]["comm_id"], "data": {"method": "custom", "content": {"event": "click"}}},

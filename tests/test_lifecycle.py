@@ -328,7 +328,16 @@ def test_bad_messages_are_dropped_and_kernel_keeps_serving(tmp_path):
         log = errlog.read()
         # the first bad message with its detail, the rest counted per kind in
         # a summary line (badinput.py; the last one is written at shutdown)
-        for needle in ("no <IDS|MSG> delimiter", "bad_signature", "invalid_json", "replayed", "unsigned", "unknown_msg_type", "bad_header", "too_few_frames"):
+        for needle in (
+            "no <IDS|MSG> delimiter",
+            "bad_signature",
+            "invalid_json",
+            "replayed",
+            "unsigned",
+            "unknown_msg_type",
+            "bad_header",
+            "too_few_frames",
+        ):
             assert needle in log, needle
         assert d["key"] not in log  # no secrets in the log
     finally:
@@ -341,7 +350,18 @@ def test_bad_messages_are_dropped_and_kernel_keeps_serving(tmp_path):
 def test_install_writes_kernelspec(tmp_path):
     prefix = tmp_path / "prefix"
     r = subprocess.run(
-        [sys.executable, "-m", "trikernel", "install", "--prefix", str(prefix), "--name", "tk-x", "--display-name", "TK X"],
+        [
+            sys.executable,
+            "-m",
+            "trikernel",
+            "install",
+            "--prefix",
+            str(prefix),
+            "--name",
+            "tk-x",
+            "--display-name",
+            "TK X",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

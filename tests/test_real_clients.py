@@ -22,7 +22,9 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_heartbeat_answers_while_user_code_holds_the_gil(kernel):
     km, kc = kernel
-    msg_id = kc.execute("import time\nprint('STARTED', flush=True)\nt = time.time()\nwhile time.time() - t < 3:\n    pass")
+    msg_id = kc.execute(
+        "import time\nprint('STARTED', flush=True)\nt = time.time()\nwhile time.time() - t < 3:\n    pass"
+    )
     ctx = zmq.Context()
     try:
         hb = ctx.socket(zmq.REQ)

@@ -37,7 +37,10 @@ def test_cancelling_the_user_nursery_keeps_the_kernel(kernel):
     )
     r, _ = execute(kc, "nursery.cancel_scope.cancel()\nawait trio.sleep(0.05)")
     assert r["content"]["status"] == "ok"
-    r, out = execute(kc, "done = trio.Event()\nasync def again():\n    done.set()\nnursery.start_soon(again)\nawait done.wait()\nlen(stopped)")
+    r, out = execute(
+        kc,
+        "done = trio.Event()\nasync def again():\n    done.set()\nnursery.start_soon(again)\nawait done.wait()\nlen(stopped)",
+    )
     assert r["content"]["status"] == "ok" and result_text(out) == ["1"]
 
 
@@ -67,7 +70,9 @@ def test_control_answers_during_a_print_flood(jupyter_path):
 
 def test_user_logging_reaches_the_notebook(kernel):
     km, kc = kernel
-    r, out = execute(kc, "import logging\nlogging.warning('from the root logger')\nlogging.getLogger('mylib').error('from mylib')")
+    r, out = execute(
+        kc, "import logging\nlogging.warning('from the root logger')\nlogging.getLogger('mylib').error('from mylib')"
+    )
     err = stdout_of(out, "stderr")
     assert "from the root logger" in err and "from mylib" in err
     r, out = execute(kc, "logging.basicConfig(level=logging.INFO, force=True)\nlogging.info('configured by the user')")
@@ -145,14 +150,25 @@ def test_interrupt_during_to_thread_is_the_cells(jupyter_path):
 
 def test_streams_have_a_real_fileno(kernel):
     km, kc = kernel
-    r, _ = execute(kc, "import faulthandler, subprocess, sys\nfaulthandler.enable()\nsubprocess.run(['true'], stdout=sys.stdout, check=True)")
+    r, _ = execute(
+        kc,
+        "import faulthandler, subprocess, sys\nfaulthandler.enable()\nsubprocess.run(['true'], stdout=sys.stdout, check=True)",
+    )
     assert r["content"]["status"] == "ok"
 
 
 def test_odd_but_harmless_request_fields(kernel):
     km, kc = kernel
-    msg = kc.session.msg("execute_request", {"code": "1", "silent": False, "store_history": True,
-                                             "user_expressions": ["not", "a", "dict"], "allow_stdin": False})
+    msg = kc.session.msg(
+        "execute_request",
+        {
+            "code": "1",
+            "silent": False,
+            "store_history": True,
+            "user_expressions": ["not", "a", "dict"],
+            "allow_stdin": False,
+        },
+    )
     kc.shell_channel.send(msg)
     r = kc.get_shell_msg(timeout=TIMEOUT)
     while r["parent_header"]["msg_id"] != msg["header"]["msg_id"]:
@@ -179,7 +195,9 @@ def _stream_text_until(kc, needle: str, timeout: float = 15) -> str:
 def test_fd_level_output_reaches_the_notebook(kernel):
     """subprocess, os.system and C-level writes go to fds 1/2, captured as in ipykernel."""
     km, kc = kernel
-    kc.execute("import subprocess, os\nsubprocess.run(['echo', 'from a subprocess'], check=True)\nos.system('echo from os.system >&2')")
+    kc.execute(
+        "import subprocess, os\nsubprocess.run(['echo', 'from a subprocess'], check=True)\nos.system('echo from os.system >&2')"
+    )
     text = _stream_text_until(kc, "from os.system")
     assert "from a subprocess" in text and "from os.system" in text
 

@@ -19,7 +19,9 @@ KEY = b"secret-key"
 
 def test_round_trip_with_identities_and_buffers():
     s = Signer(KEY)
-    msg = Session().msg("comm_msg", {"comm_id": "c", "data": {"x": 1}}, None, buffers=(b"\x00\x01", b"zz"), identities=(b"id1", b"id2"))
+    msg = Session().msg(
+        "comm_msg", {"comm_id": "c", "data": {"x": 1}}, None, buffers=(b"\x00\x01", b"zz"), identities=(b"id1", b"id2")
+    )
     frames = serialize(msg, s)
     assert frames[:3] == [b"id1", b"id2", DELIM]
     back = deserialize(frames, Signer(KEY))

@@ -305,7 +305,12 @@ def _run(argv: list[str]) -> int:
     usable = args.write_connection_file if registration is not None else path
     connection_file = os.path.abspath(usable) if usable else None
     return Kernel(
-        conn, config, bound, iopub_nodrop=nodrop, connection_file=connection_file, strict=strict,
+        conn,
+        config,
+        bound,
+        iopub_nodrop=nodrop,
+        connection_file=connection_file,
+        strict=strict,
         message_log=message_log,
     ).run()
 
