@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-from _common import (  # noqa: E402 - after the path entry
+from _common import (
     RESULTS_DIR,
     available_kernels,
     kernel,
@@ -41,7 +41,6 @@ from _common import (  # noqa: E402 - after the path entry
     versions,
     write_json,
 )
-
 
 #: Seconds a comm_msg may wait for its answer before it counts as blocked.
 COMM_WAIT = 5.0

@@ -9,7 +9,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 cells = [
     new_markdown_cell(
-        "# A tour of trikernel\n\nPython in Jupyter, on trio. Run it with\n`jupyter execute --kernel_name=trikernel examples/tour.ipynb`."
+        "# A tour of trikernel\n\nPython in Jupyter, on trio. Run it with\n"
+        "`jupyter execute --kernel_name=trikernel examples/tour.ipynb`."
     ),
     new_code_cell("print('hello from trikernel')\nimport sys\nprint('stderr works too', file=sys.stderr)"),
     new_markdown_cell("## Rich display"),
@@ -23,7 +24,8 @@ cells = [
         "{'a dict': [1, 2, 3]}"
     ),
     new_markdown_cell(
-        "## Errors\n\nAn error caught in the cell, and one that reaches the kernel (the cell is tagged `raises-exception`, so `jupyter execute` carries on)."
+        "## Errors\n\nAn error caught in the cell, and one that reaches the kernel "
+        "(the cell is tagged `raises-exception`, so `jupyter execute` carries on)."
     ),
     new_code_cell("try:\n    1 / 0\nexcept ZeroDivisionError as exc:\n    print('caught:', repr(exc))"),
     new_code_cell("raise ValueError('shown as an error output')", metadata={"tags": ["raises-exception"]}),

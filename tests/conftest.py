@@ -12,13 +12,15 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from jupyter_kernel_test.msgspec_v5 import msg_structure_validator, schema_fragments, validate_message
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 TIMEOUT = 30
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
@@ -43,7 +45,8 @@ class ValidatingClient(BlockingKernelClient):
             # msgspec_v5 has no comm schemas: header/structure from it, content by the spec
             msg_structure_validator.validate(msg)
             c = msg["content"]
-            assert isinstance(c["comm_id"], str) and isinstance(c["data"], dict)
+            assert isinstance(c["comm_id"], str)
+            assert isinstance(c["data"], dict)
             if msg["msg_type"] == "comm_open":
                 assert isinstance(c["target_name"], str)
         elif msg["msg_type"] not in schema_fragments:
@@ -53,7 +56,9 @@ class ValidatingClient(BlockingKernelClient):
             c = msg["content"]
             assert c["status"] in ("ok", "error"), c
             if c["status"] == "error":
-                assert isinstance(c["ename"], str) and isinstance(c["evalue"], str) and isinstance(c["traceback"], list)
+                assert isinstance(c["ename"], str)
+                assert isinstance(c["evalue"], str)
+                assert isinstance(c["traceback"], list)
         else:
             validate_message(msg, msg["msg_type"])
         return msg

@@ -18,15 +18,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import random
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
+
+if TYPE_CHECKING:
+    import os
 
 DELIM = b"<IDS|MSG>"
 MESSAGE_CHANNELS = ("shell", "control", "stdin")

@@ -28,7 +28,7 @@ import os
 import random
 import sys
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import psutil
 import pytest
@@ -57,7 +57,7 @@ class Shared:
 
     km: Any = None
     kc: Any = None
-    conn: dict[str, Any] = {}
+    conn: ClassVar[dict[str, Any]] = {}
     peers: Peers | None = None
     baseline = 0
     deadline = 0.0

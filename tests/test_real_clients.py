@@ -136,4 +136,5 @@ def test_jupyter_console_runs_code():
         timeout=120,
     )
     out = re.sub(r"\x1b\[[0-9;]*m", "", r.stdout)
-    assert "42" in out and "trio ok" in out, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "42" in out, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "trio ok" in out, (r.stdout[-2000:], r.stderr[-2000:])

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import comm
 from comm.base_comm import BaseComm, BuffersType, CommManager, MaybeDict
 
 from .errors import ProtocolError
-from .outstream import Publisher
-from .wire import Message
+
+if TYPE_CHECKING:
+    from .outstream import Publisher
+    from .wire import Message
 
 _COMM_PREFIX = os.urandom(8).hex()
 _COMM_COUNTER = itertools.count()

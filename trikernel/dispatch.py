@@ -55,16 +55,16 @@ import trio
 
 from .badinput import BadInputLog, short
 from .errors import JobInterrupted, KernelShuttingDown, ProtocolError
-from .iopub import IOPubQueue
-from .messages import MessageBuilder
-from .sockets import TrioSocket
 from .strict import Refused, refusal
 from .userrun import Job, UserRun
 from .wire import Message, Signer, serialize, utcnow_iso
 
 if TYPE_CHECKING:
+    from .iopub import IOPubQueue
     from .jobs import ShellJobs
     from .messagelog import MessageLog
+    from .messages import MessageBuilder
+    from .sockets import TrioSocket
     from .subshells import SubshellRegistry
 
 log = logging.getLogger("trikernel.dispatch")

@@ -21,9 +21,12 @@ import ctypes
 import ctypes.util
 import logging
 import time
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 log = logging.getLogger("trikernel.heap")
 

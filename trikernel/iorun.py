@@ -17,26 +17,27 @@ main thread, where user code runs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
 
-from .config import KernelConfig
-from .dispatch import Dispatcher
-from .iopub import IOPubQueue, IOPubTask
-from .messages import MessageBuilder
-from .sockets import TrioSocket
-from .stdinbridge import StdinBridge
-from .userrun import UserRun
-
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .config import KernelConfig
+    from .dispatch import Dispatcher
+    from .iopub import IOPubQueue, IOPubTask
+    from .messages import MessageBuilder
+    from .sockets import TrioSocket
+    from .stdinbridge import StdinBridge
     from .subshells import SubshellRegistry
+    from .userrun import UserRun
 
 log = logging.getLogger("trikernel.iorun")
 
@@ -92,10 +93,8 @@ class IORun:
     def request_shutdown(self) -> None:
         """Begin an orderly shutdown (thread-safe; idempotent)."""
         if self._token is not None and self._shutdown is not None:
-            try:
+            with contextlib.suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(self._shutdown.set)
-            except trio.RunFinishedError:
-                pass
 
     def join(self, timeout: float) -> bool:
         """Wait for the io thread; True if it has ended."""

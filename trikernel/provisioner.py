@@ -33,7 +33,6 @@ jupyter_client docs/kernels.rst (registration files), docs/provisioning.rst.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import pathlib
@@ -42,10 +41,9 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
-from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.localinterfaces import is_local_ip, local_ips
 from jupyter_client.provisioning import LocalProvisioner
@@ -63,6 +61,9 @@ from .handshake import (
     parse_registration_frames,
 )
 from .wire import Signer
+
+if TYPE_CHECKING:
+    from jupyter_client.connect import KernelConnectionInfo
 
 log = logging.getLogger("trikernel.provisioner")
 
@@ -445,7 +446,8 @@ class HandshakeProvisioner(LocalProvisioner):  # type: ignore[misc]
         """Poll the registration socket and the process until one registration is accepted."""
         km = self._km
         sock = self._reg_socket
-        assert sock is not None and self.process is not None
+        assert sock is not None
+        assert self.process is not None
         signer = Signer(km.session.key, km.session.signature_scheme)
         deadline = time.monotonic() + self.handshake_timeout
         rejected: list[str] = []

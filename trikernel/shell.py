@@ -14,7 +14,6 @@ import base64
 import logging
 import os
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -31,9 +30,11 @@ from traitlets import Instance, Type
 
 from . import awaitmagics, guiloop, shellstate, tracebacks
 from .errors import GuiError
-from .outstream import Publisher
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .outstream import Publisher
     from .shellkernel import ShellKernel
 
 log = logging.getLogger("trikernel.shell")
@@ -248,7 +249,7 @@ class TrikernelShell(InteractiveShell):
             print("\n" + tracebacks.one_line(etype, value)[0], file=sys.stderr)
 
     def showsyntaxerror(self, filename: str | None = None, running_compiled_code: bool = False) -> None:
-        etype, value, tb = self._get_exc_info()
+        etype, value, _tb = self._get_exc_info()
         try:
             super().showsyntaxerror(filename, running_compiled_code)
         except Exception:
@@ -346,7 +347,7 @@ async def execute(
         preprocessing_exc_tuple = None
         try:
             transformed = shell.transform_cell(code)
-        except Exception:  # noqa: BLE001 - as IPython's run_cell: shown by run_cell_async
+        except Exception:  # as IPython's run_cell: shown by run_cell_async
             transformed = code
             preprocessing_exc_tuple = sys.exc_info()
         try:
@@ -358,7 +359,7 @@ async def execute(
                     transformed_cell=transformed,
                     preprocessing_exc_tuple=preprocessing_exc_tuple,
                 )
-            except Exception as exc:  # noqa: BLE001 - IPython failed around the cell: shown, answered, never the kernel's
+            except Exception as exc:  # IPython failed around the cell: shown, answered, never the kernel's
                 log.debug("run_cell_async raised", exc_info=True)
                 shell.showtraceback()
                 result = ExecutionResult(None)

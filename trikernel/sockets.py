@@ -20,13 +20,15 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from .channels import CHANNELS, REQUEST_CHANNELS, SOCKET_TYPE_NAMES
-from .config import ConnectionInfo
 from .errors import BindError, ConfigError
+
+if TYPE_CHECKING:
+    from .config import ConnectionInfo
 
 log = logging.getLogger("trikernel.sockets")
 

@@ -21,15 +21,16 @@ from __future__ import annotations
 import fnmatch
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Literal, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 from .snippets import Python, for_language
 from .verdict import Skip, Verdict
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
     from .client import Channels
     from .kernel import Deadlines, KernelUnderTest
-    from collections.abc import Callable, Iterable
 
 Phase = Literal["shared", "audit", "final", "fresh"]
 PHASES: tuple[Phase, ...] = ("shared", "audit", "final", "fresh")

@@ -6,6 +6,7 @@ results", "Execution errors", "Request-Reply", "Kernel status", "Code inputs".
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
@@ -150,7 +151,7 @@ def execute_store_history_false(ctx: Ctx) -> Verdict:
 )
 def execute_silent(ctx: Ctx) -> Verdict:
     before, _ = run_ok(ctx, ctx.code.noop)
-    reply, msgs = run_ok(ctx, ctx.code.say("conformance silent") + "\n" + ctx.code.result, silent=True)
+    _reply, msgs = run_ok(ctx, ctx.code.say("conformance silent") + "\n" + ctx.code.result, silent=True)
     after, _ = run_ok(ctx, ctx.code.noop)
     loud = sorted({m.msg_type for m in msgs if m.msg_type not in ("status",)})
     fig = f"IOPub of the silent request: {loud or 'status only'}; counts {_count(before)} -> {_count(after)}"
@@ -277,10 +278,8 @@ def status_busy_idle(ctx: Ctx) -> Verdict:
     def all_idle() -> bool | None:
         return all(any(is_idle(m) for m in ch.for_parent(h["msg_id"], socket="iopub")) for _, h in reqs) or None
 
-    try:  # one deadline for all: the replies are in, so every idle is due
+    with contextlib.suppress(Fail):  # one deadline for all: the replies are in, so every idle is due
         ch.wait(all_idle, ctx.t.reply, "idle statuses")
-    except Fail:
-        pass
     ch.pump(0.05)
     for label, h in reqs:
         states = [
@@ -339,7 +338,7 @@ def stop_on_error_run_all(ctx: Ctx) -> Verdict:
     r0 = ch.reply(first, ctx.t.reply)
     replies = [ch.reply(h, ctx.t.reply) for h in queued]
     statuses = sorted({str(r.content.get("status")) for r in replies})
-    after, msgs = run_ok(ctx, code.show(name))
+    _after, msgs = run_ok(ctx, code.show(name))
     ran = stream_text(msgs).strip()
     fig = (
         f"first cell {r0.content.get('status')}; {ran} of {QUEUED} queued cells ran; "

@@ -56,7 +56,7 @@ def _interrupt(ctx: Ctx, code: str, *, stdin: bool) -> Verdict:
         if ir.content.get("status") != "ok":
             return failed(f"interrupt_reply status {ir.content.get('status')!r}")
     c = reply.content
-    nxt, msgs = run_ok(ctx, ctx.code.say("conformance after"))
+    _nxt, msgs = run_ok(ctx, ctx.code.say("conformance after"))
     ran = stream_text(msgs) == "conformance after\n"
     fig = (
         f"reply {c.get('status')} {c.get('ename') or ''} {dt * 1000:.0f} ms after the interrupt ({mode} mode)"

@@ -20,7 +20,7 @@ from typing import Any
 from .. import msgspec
 from .catalogue import Ctx, check
 from .checks_execute import run_ok, unique
-from .client import DELIM, dumps, Received, is_idle, stream_text
+from .client import DELIM, Received, dumps, is_idle, stream_text
 from .verdict import Skip, Verdict, failed, passed, verdict
 
 S = msgspec.SECTIONS

@@ -21,6 +21,7 @@ Spec: messaging "The Wire Protocol", "General Message Format".
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -29,15 +30,16 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 
 from .verdict import Fail
 
 if TYPE_CHECKING:
-    from .audit import Audit
     from collections.abc import Callable, Iterable, Mapping
+
+    from .audit import Audit
 
 T = TypeVar("T")
 DELIM = b"<IDS|MSG>"
@@ -249,10 +251,8 @@ class Channels:
     def close_socket(self, label: str) -> None:
         sock = self.sockets.pop(label, None)
         if sock is not None:
-            try:
+            with contextlib.suppress(KeyError):
                 self.poller.unregister(sock)
-            except KeyError:
-                pass
             sock.close(linger=0)
 
     def close(self) -> None:
