@@ -386,7 +386,7 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 
 
-def _send_frames(sock: zmq.Socket, frames: list[bytes]) -> None:
+def _send_frames(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
     """send_multipart(frames, NOBLOCK) with plain int flags.
 
     pyzmq's send_multipart combines enum flags per frame in Python and goes

@@ -23,12 +23,12 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable
 
     from .config import KernelConfig
     from .dispatch import Dispatcher
@@ -45,6 +45,18 @@ log = logging.getLogger("trikernel.iorun")
 FLUSH_TIMEOUT = 5.0
 
 
+class Service(Protocol):
+    """An extra io-run task (e.g. the gateway comm port, commport.py).
+
+    The io run starts it with ``await nursery.start(service)``, so it is
+    called as ``service(task_status=...)`` on the io thread; it calls
+    ``task_status.started()`` once it serves and runs until the io run
+    cancels it at shutdown (trio's ``serve_listeners`` convention).
+    """
+
+    def __call__(self, *, task_status: trio.TaskStatus[None] = ...) -> Awaitable[None]: ...
+
+
 @dataclass
 class IORunParts:
     """The io run's tasks, built on the main thread before it starts."""
@@ -58,7 +70,7 @@ class IORunParts:
     user_run: UserRun
     config: KernelConfig
     #: extra io-run services (e.g. a gateway comm port), each started with task_status
-    services: tuple[Callable[..., object], ...] = ()
+    services: tuple[Service, ...] = ()
     #: the subshells (JEP 91), stopped beside the main user run at shutdown
     subshells: SubshellRegistry | None = None
 

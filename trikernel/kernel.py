@@ -39,9 +39,8 @@ from .userrun import UserRun
 from .wire import Signer
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from .config import ConnectionInfo, KernelConfig
+    from .iorun import Service
     from .messagelog import MessageLog
     from .strict import StrictCheck
 
@@ -70,7 +69,7 @@ class Kernel:
         bound: BoundSockets,
         *,
         iopub_nodrop: bool = True,
-        services: tuple[Callable[..., Any], ...] = (),
+        services: tuple[Service, ...] = (),
         connection_file: str | None = None,
         strict: StrictCheck | None = None,
         message_log: MessageLog | None = None,

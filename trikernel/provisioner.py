@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.localinterfaces import is_local_ip, local_ips
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Bool, Enum, Float, Integer, Unicode
 
@@ -165,7 +165,7 @@ class _StderrTail:
             return bytes(self._tail).decode("utf-8", "replace")
 
 
-class HandshakeProvisioner(LocalProvisioner):  # type: ignore[misc]
+class HandshakeProvisioner(LocalProvisioner):
     """LocalProvisioner that uses the JEP 66 handshake where the kernelspec declares it.
 
     Switch on per kernelspec with ``"kernel_protocol_version": "5.6"`` (or
@@ -228,8 +228,8 @@ class HandshakeProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     _use_handshake: bool = False
     _registration_path: pathlib.Path | None = None
-    _zmq_context: zmq.Context | None = None
-    _reg_socket: zmq.Socket | None = None
+    _zmq_context: zmq.Context[zmq.Socket[bytes]] | None = None
+    _reg_socket: zmq.Socket[bytes] | None = None
     _reg_url: str = ""
     _stderr_tail: _StderrTail | None = None
 
@@ -475,7 +475,7 @@ class HandshakeProvisioner(LocalProvisioner):  # type: ignore[misc]
             await asyncio.sleep(POLL_INTERVAL)
 
     def _handle_registration(
-        self, sock: zmq.Socket, frames: list[bytes], signer: Signer, rejected: list[str]
+        self, sock: zmq.Socket[bytes], frames: list[bytes], signer: Signer, rejected: list[str]
     ) -> KernelRegistration | None:
         """Verify one registration; reply; return it if accepted, else record why not."""
         try:
@@ -499,7 +499,7 @@ class HandshakeProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     @staticmethod
     def _reply(
-        sock: zmq.Socket, prefix: list[bytes], reg: KernelRegistration, signer: Signer, *, error: str | None
+        sock: zmq.Socket[bytes], prefix: list[bytes], reg: KernelRegistration, signer: Signer, *, error: str | None
     ) -> None:
         if reg.dialect is Dialect.J:
             body = build_ack_j(signer, error=error)

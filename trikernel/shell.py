@@ -67,7 +67,7 @@ def send_display(publisher: Publisher, msg_type: str, content: dict[str, Any]) -
 class TrikernelDisplayPublisher(DisplayPublisher):
     publisher = TAny()
 
-    def publish(  # type: ignore[override]
+    def publish(
         self,
         data: dict[str, Any],
         metadata: dict[str, Any] | None = None,
@@ -118,11 +118,14 @@ class TrikernelShell(InteractiveShell):
 
     displayhook_class = Type(TrikernelDisplayHook)
     display_pub_class = Type(TrikernelDisplayPublisher)
+    # what IPython's init_displayhook / init_display_pub make of the classes above
+    displayhook: TrikernelDisplayHook
+    display_pub: TrikernelDisplayPublisher
     exiter = Instance(ZMQExitAutocall)
     publisher = TAny()
     # per shell lane (main shell, subshells): cells on two lanes run at once (shellstate.py)
-    execution_count = shellstate.ExecutionCount()  # type: ignore[assignment]
-    payload_manager = shellstate.PerLane(lambda shell: PayloadManager(parent=shell))  # type: ignore[assignment]
+    execution_count = shellstate.ExecutionCount()
+    payload_manager = shellstate.PerLane(lambda shell: PayloadManager(parent=shell))
     _last_traceback = shellstate.PerLane(lambda shell: [])
 
     def _exiter_default(self) -> ZMQExitAutocall:
@@ -207,11 +210,9 @@ class TrikernelShell(InteractiveShell):
     def init_traceback_handlers(self, custom_exceptions: Any) -> None:
         super().init_traceback_handlers(custom_exceptions)
         # as IPython's, with machinery frames hidden and text that cannot fail (tracebacks.py)
-        self.InteractiveTB = tracebacks.TrikernelTB(  # type: ignore[no-untyped-call]
-            mode=self.xmode, theme_name=self.colors, tb_offset=1
-        )
+        self.InteractiveTB = tracebacks.TrikernelTB(mode=self.xmode, theme_name=self.colors, tb_offset=1)
 
-    def showtraceback(  # type: ignore[override]
+    def showtraceback(
         self,
         exc_tuple: Any = None,
         filename: str | None = None,
