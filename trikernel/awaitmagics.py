@@ -277,16 +277,13 @@ async def capture_async(magics: Any, line: str = "", cell: str | None = None) ->
     (``run_cell_async``, as IPython's ``run_cell`` runs it) in the user trio run."""
     from IPython.utils.capture import capture_output
 
+    from .shell import transform_cell
+
     shell = magics.shell
     args = magic_arguments.parse_argstring(ExecutionMagics.capture, line)
     body = cell or ""
     with capture_output(not args.no_stdout, not args.no_stderr, not args.no_display) as io:
-        preprocessing_exc_tuple = None
-        try:
-            transformed = shell.transform_cell(body)
-        except Exception:
-            transformed = body
-            preprocessing_exc_tuple = sys.exc_info()
+        transformed, preprocessing_exc_tuple = transform_cell(shell, body)
         try:
             await shell.run_cell_async(
                 body, store_history=False, transformed_cell=transformed, preprocessing_exc_tuple=preprocessing_exc_tuple

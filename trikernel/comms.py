@@ -17,6 +17,7 @@ import comm
 from comm.base_comm import BaseComm, BuffersType, CommManager, MaybeDict
 
 from .errors import ProtocolError
+from .shellkernel import message_dict
 
 if TYPE_CHECKING:
     from .outstream import Publisher
@@ -89,19 +90,6 @@ def set_shell(shell: Any) -> None:
     TrikernelComm.shell = shell
 
 
-def as_dict(msg: Message) -> dict[str, Any]:
-    """A jupyter_client-style dict of ``msg`` for comm handlers."""
-    return {
-        "header": msg.header,
-        "parent_header": msg.parent_header,
-        "metadata": msg.metadata,
-        "content": msg.content,
-        "buffers": [memoryview(b) for b in msg.buffers],
-        "msg_id": msg.msg_id,
-        "msg_type": msg.msg_type,
-    }
-
-
 def check_content(msg: Message) -> None:
     """Refuse frontend comm content that ``comm``'s manager cannot take.
 
@@ -136,7 +124,7 @@ def dispatch(manager: CommManager, msg: Message) -> None:
     check_content(msg)
     handler = getattr(manager, msg.msg_type)
     try:
-        handler(None, None, as_dict(msg))
+        handler(None, None, message_dict(msg))  # the dict shape comm handlers take
     except BaseException:
         shell = TrikernelComm.shell
         if shell is None:

@@ -289,6 +289,18 @@ class TrikernelShell(InteractiveShell):
 InteractiveShellABC.register(TrikernelShell)
 
 
+def transform_cell(shell: InteractiveShell, code: str) -> tuple[str, Any]:
+    """``(transformed, preprocessing_exc_tuple)`` for ``shell.run_cell_async``,
+    as IPython's ``run_cell`` makes them: a transform that raises leaves the
+    cell as it is and hands the ``sys.exc_info()`` triple on, for
+    ``run_cell_async`` to show (the exc tuple is None otherwise). Main thread.
+    """
+    try:
+        return shell.transform_cell(code), None
+    except Exception:  # as IPython's run_cell: shown by run_cell_async
+        return code, sys.exc_info()
+
+
 def create_shell(publisher: Publisher) -> TrikernelShell:
     shell = TrikernelShell.instance(publisher=publisher)
     shell.displayhook.publisher = publisher
@@ -345,12 +357,7 @@ async def execute(
     if isinstance(shell.displayhook, TrikernelDisplayHook):
         shell.displayhook.formatting = False  # left set if the last result's formatting raised out
     with shellstate.route_input(fwd.input if allow_stdin else _no_stdin, fwd.getpass if allow_stdin else _no_stdin):
-        preprocessing_exc_tuple = None
-        try:
-            transformed = shell.transform_cell(code)
-        except Exception:  # as IPython's run_cell: shown by run_cell_async
-            transformed = code
-            preprocessing_exc_tuple = sys.exc_info()
+        transformed, preprocessing_exc_tuple = transform_cell(shell, code)
         try:
             try:
                 result = await shell.run_cell_async(

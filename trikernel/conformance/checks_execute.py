@@ -23,6 +23,13 @@ def _count(reply: Received) -> Any:
     return reply.content.get("execution_count")
 
 
+def _counter_now(ctx: Ctx, **kw: Any) -> Any:
+    """The execution_count in the reply to a no-op cell (stored unless ``kw``
+    says otherwise); Fail unless it runs."""
+    reply, _ = run_ok(ctx, ctx.code.noop, **kw)
+    return _count(reply)
+
+
 def run_ok(ctx: Ctx, code: str, **kw: Any) -> tuple[Received, list[Received]]:
     """Execute ``code``; Fail unless the reply says ok."""
     reply, msgs = ctx.ch.run(code, ctx.t.reply, **kw)
@@ -122,9 +129,8 @@ def execute_result(ctx: Ctx) -> Verdict:
     "each stored execution increments execution_count by one",
 )
 def execute_counter(ctx: Ctx) -> Verdict:
-    first, _ = run_ok(ctx, ctx.code.noop)
-    second, _ = run_ok(ctx, ctx.code.noop)
-    a, b = _count(first), _count(second)
+    a = _counter_now(ctx)
+    b = _counter_now(ctx)
     return verdict(isinstance(a, int) and b == a + 1, f"counts {a} then {b}")
 
 
@@ -134,14 +140,13 @@ def execute_counter(ctx: Ctx) -> Verdict:
     "store_history=False does not advance the counter; the reply gives its current value",
 )
 def execute_store_history_false(ctx: Ctx) -> Verdict:
-    before, _ = run_ok(ctx, ctx.code.noop)
-    n = _count(before)
-    off, _ = run_ok(ctx, ctx.code.noop, store_history=False)
-    after, _ = run_ok(ctx, ctx.code.noop)
-    fig = f"stored {n}, unstored reply {_count(off)}, next stored {_count(after)}"
-    if _count(after) != n + 1:
+    n = _counter_now(ctx)
+    off = _counter_now(ctx, store_history=False)
+    after = _counter_now(ctx)
+    fig = f"stored {n}, unstored reply {off}, next stored {after}"
+    if after != n + 1:
         return failed(fig + f" (expected {n + 1}: the unstored request advanced the counter)")
-    return verdict(_count(off) in (n, n + 1), fig)
+    return verdict(off in (n, n + 1), fig)
 
 
 @check(
@@ -150,12 +155,12 @@ def execute_store_history_false(ctx: Ctx) -> Verdict:
     "silent=True: no execute_input, no output, no execute_result; counter unchanged",
 )
 def execute_silent(ctx: Ctx) -> Verdict:
-    before, _ = run_ok(ctx, ctx.code.noop)
+    before = _counter_now(ctx)
     _reply, msgs = run_ok(ctx, ctx.code.say("conformance silent") + "\n" + ctx.code.result, silent=True)
-    after, _ = run_ok(ctx, ctx.code.noop)
+    after = _counter_now(ctx)
     loud = sorted({m.msg_type for m in msgs if m.msg_type not in ("status",)})
-    fig = f"IOPub of the silent request: {loud or 'status only'}; counts {_count(before)} -> {_count(after)}"
-    return verdict(not loud and _count(after) == _count(before) + 1, fig)
+    fig = f"IOPub of the silent request: {loud or 'status only'}; counts {before} -> {after}"
+    return verdict(not loud and after == before + 1, fig)
 
 
 @check(
@@ -230,6 +235,20 @@ def execute_input_first(ctx: Ctx) -> Verdict:
 # -- busy / idle -------------------------------------------------------------------
 
 
+def _queries(ctx: Ctx, history_n: int) -> list[tuple[str, dict[str, Any]]]:
+    """complete, inspect, is_complete and a history tail of ``history_n``
+    cells, sent on shell; (label, header). Needs the kernel's code snippets."""
+    ch, code = ctx.ch, ctx.code
+    inspect = {"code": code.inspect_found, "cursor_pos": len(code.inspect_found), "detail_level": 0}
+    history = {"output": False, "raw": True, "hist_access_type": "tail", "n": history_n}
+    return [
+        ("complete", ch.send("shell", "complete_request", {"code": "pri", "cursor_pos": 3})),
+        ("inspect", ch.send("shell", "inspect_request", inspect)),
+        ("is_complete", ch.send("shell", "is_complete_request", {"code": code.complete_code})),
+        ("history", ch.send("shell", "history_request", history)),
+    ]
+
+
 def _one_of_each(ctx: Ctx) -> list[tuple[str, dict[str, Any]]]:
     """One request of every kind the suite uses, sent; (label, header)."""
     ch = ctx.ch
@@ -239,24 +258,8 @@ def _one_of_each(ctx: Ctx) -> list[tuple[str, dict[str, Any]]]:
         ("comm_info", ch.send("shell", "comm_info_request", {})),
     ]
     if ctx.has_code:
-        code = ctx.code
-        reqs += [
-            ("execute", ch.execute(code.say("conformance busy"))),
-            ("complete", ch.send("shell", "complete_request", {"code": "pri", "cursor_pos": 3})),
-            (
-                "inspect",
-                ch.send(
-                    "shell",
-                    "inspect_request",
-                    {"code": code.inspect_found, "cursor_pos": len(code.inspect_found), "detail_level": 0},
-                ),
-            ),
-            ("is_complete", ch.send("shell", "is_complete_request", {"code": code.complete_code})),
-            (
-                "history",
-                ch.send("shell", "history_request", {"output": False, "raw": True, "hist_access_type": "tail", "n": 2}),
-            ),
-        ]
+        reqs.append(("execute", ch.execute(ctx.code.say("conformance busy"))))
+        reqs += _queries(ctx, history_n=2)
     return reqs
 
 
@@ -356,20 +359,7 @@ def stop_on_error_only_execute(ctx: Ctx) -> Verdict:
     ch, code = ctx.ch, ctx.code
     first = ch.execute(code.sleep_then_fail(0.3))
     reqs = [
-        ("complete", ch.send("shell", "complete_request", {"code": "pri", "cursor_pos": 3})),
-        (
-            "inspect",
-            ch.send(
-                "shell",
-                "inspect_request",
-                {"code": code.inspect_found, "cursor_pos": len(code.inspect_found), "detail_level": 0},
-            ),
-        ),
-        ("is_complete", ch.send("shell", "is_complete_request", {"code": code.complete_code})),
-        (
-            "history",
-            ch.send("shell", "history_request", {"output": False, "raw": True, "hist_access_type": "tail", "n": 1}),
-        ),
+        *_queries(ctx, history_n=1),
         ("kernel_info", ch.send("shell", "kernel_info_request", {})),
         ("comm_info", ch.send("shell", "comm_info_request", {})),
     ]

@@ -104,6 +104,12 @@ def _history_setup(ctx: Ctx) -> list[str]:
     return cells
 
 
+def _history(ctx: Ctx, access: str, **query: Any) -> Received:
+    """The history_reply to a raw, input-only request of ``hist_access_type``
+    ``access`` with the further ``query`` fields."""
+    return _request(ctx, "history_request", {"output": False, "raw": True, "hist_access_type": access, **query})
+
+
 def _inputs(reply: Received) -> list[Any]:
     return [
         e[2] if not isinstance(e[2], list) else e[2][0]
@@ -119,7 +125,7 @@ def _inputs(reply: Received) -> list[Any]:
 )
 def history_tail(ctx: Ctx) -> Verdict:
     cells = _history_setup(ctx)
-    r = _request(ctx, "history_request", {"output": False, "raw": True, "hist_access_type": "tail", "n": 3})
+    r = _history(ctx, "tail", n=3)
     got = _inputs(r)
     return verdict(
         got[-3:] == cells,
@@ -134,11 +140,7 @@ def history_tail(ctx: Ctx) -> Verdict:
 )
 def history_range(ctx: Ctx) -> Verdict:
     cells = _history_setup(ctx)
-    r = _request(
-        ctx,
-        "history_request",
-        {"output": False, "raw": True, "hist_access_type": "range", "session": 0, "start": 1, "stop": 100000},
-    )
+    r = _history(ctx, "range", session=0, start=1, stop=100000)
     entries = r.content.get("history") or []
     got = _inputs(r)
     lines_ok = all(isinstance(e[1], int) and 1 <= e[1] < 100000 for e in entries if isinstance(e, list) and len(e) == 3)
@@ -158,11 +160,7 @@ def history_range(ctx: Ctx) -> Verdict:
 def history_search(ctx: Ctx) -> Verdict:
     cells = _history_setup(ctx)
     pattern = cells[0].split("_1 =")[0] + "_*"
-    r = _request(
-        ctx,
-        "history_request",
-        {"output": False, "raw": True, "hist_access_type": "search", "pattern": pattern, "n": 10, "unique": True},
-    )
+    r = _history(ctx, "search", pattern=pattern, n=10, unique=True)
     got = _inputs(r)
     wrong = [g for g in got if not fnmatch.fnmatchcase(str(g), pattern)]
     have = all(c in got for c in cells)

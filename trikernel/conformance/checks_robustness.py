@@ -38,6 +38,18 @@ def _answered(ctx: Ctx, msg_id: str) -> list[Received]:
     return ctx.ch.for_parent(msg_id)
 
 
+def _probe(ctx: Ctx, name: str) -> tuple[dict[str, Any], list[bytes]]:
+    """``(header, frames)`` of a correctly signed request whose running shows:
+    an execute_request counting in global ``name`` where the kernel runs code
+    (:func:`_counter` reads it), else a kernel_info_request. Skip where the
+    connection has no key (nothing is signed, so nothing to tamper with)."""
+    if not ctx.ch.key:
+        raise Skip("the connection has no key: messages are not signed")
+    if ctx.has_code:
+        return ctx.ch.frames("execute_request", ctx.ch.execute_content(ctx.code.increment(name)))
+    return ctx.ch.frames("kernel_info_request", {})
+
+
 def _counter(ctx: Ctx, name: str) -> str:
     _, msgs = run_ok(ctx, ctx.code.show(name))
     return stream_text(msgs).strip()
@@ -50,23 +62,10 @@ def _counter(ctx: Ctx, name: str) -> str:
 )
 def bad_signature(ctx: Ctx) -> Verdict:
     ch = ctx.ch
-    if not ch.key:
-        raise Skip("the connection has no key: messages are not signed")
     name = unique("badsig")
     sent = []
     for label, sig in (("wrong HMAC", b"0" * 64), ("empty signature", b""), ("garbage", b"not-a-signature")):
-        if ctx.has_code:
-            content = {
-                "code": ctx.code.increment(name),
-                "silent": False,
-                "store_history": True,
-                "user_expressions": {},
-                "allow_stdin": False,
-                "stop_on_error": True,
-            }
-            h, frames = ch.frames("execute_request", content)
-        else:
-            h, frames = ch.frames("kernel_info_request", {})
+        h, frames = _probe(ctx, name)
         frames[1] = sig
         ch.send_frames("shell", frames, h)
         sent.append((label, h))
@@ -88,21 +87,8 @@ def bad_signature(ctx: Ctx) -> Verdict:
 )
 def bad_replay(ctx: Ctx) -> Verdict:
     ch = ctx.ch
-    if not ch.key:
-        raise Skip("the connection has no key: messages are not signed")
     name = unique("replay")
-    if ctx.has_code:
-        content = {
-            "code": ctx.code.increment(name),
-            "silent": False,
-            "store_history": True,
-            "user_expressions": {},
-            "allow_stdin": False,
-            "stop_on_error": True,
-        }
-        h, frames = ch.frames("execute_request", content)
-    else:
-        h, frames = ch.frames("kernel_info_request", {})
+    h, frames = _probe(ctx, name)
     ch.send_frames("shell", list(frames), h)
     ch.reply(h, ctx.t.reply)
     ch.send_frames("shell", list(frames))
@@ -169,22 +155,22 @@ def _unknown(ctx: Ctx, channel: str) -> Verdict:
     return verdict(bracket, fig)
 
 
-@check(
-    "bad_input.unknown_shell",
-    S["status"] + " (every request, since 5.0); messaging § Compatibility",
-    f"an unknown {UNKNOWN!r} on shell gets busy/idle (a reply, if any, status error); the kernel serves on",
-)
-def unknown_shell(ctx: Ctx) -> Verdict:
-    return _unknown(ctx, "shell")
+def _unknown_check(channel: str) -> None:
+    """Register ``bad_input.unknown_<channel>`` (:func:`_unknown` on ``channel``)."""
+
+    def run(ctx: Ctx) -> Verdict:
+        return _unknown(ctx, channel)
+
+    run.__name__ = run.__qualname__ = f"unknown_{channel}"
+    check(
+        f"bad_input.unknown_{channel}",
+        S["status"] + " (every request, since 5.0); messaging § Compatibility",
+        f"an unknown {UNKNOWN!r} on {channel} gets busy/idle (a reply, if any, status error); the kernel serves on",
+    )(run)
 
 
-@check(
-    "bad_input.unknown_control",
-    S["status"] + " (every request, since 5.0); messaging § Compatibility",
-    f"an unknown {UNKNOWN!r} on control gets busy/idle (a reply, if any, status error); the kernel serves on",
-)
-def unknown_control(ctx: Ctx) -> Verdict:
-    return _unknown(ctx, "control")
+_unknown_check("shell")
+_unknown_check("control")
 
 
 @check(
