@@ -93,14 +93,20 @@ CHECK_MODULES = (
 
 
 def check(
-    name: str, section: str, summary: str, *, phase: Phase = "shared"
+    name: str, section: str, summary: str | None = None, *, phase: Phase = "shared"
 ) -> Callable[[Callable[[Ctx], Verdict]], Callable[[Ctx], Verdict]]:
-    """Register a check function under ``name`` (unique)."""
+    """Register a check function under ``name`` (unique), for the spec
+    ``section``. ``summary``, the claim the report's row makes, is the
+    function's docstring unless given (its lines joined by single spaces).
+    ValueError for a name used twice or a check with no summary."""
 
     def register(fn: Callable[[Ctx], Verdict]) -> Callable[[Ctx], Verdict]:
         if name in _REGISTRY:
             raise ValueError(f"duplicate check name {name!r}")
-        _REGISTRY[name] = Check(name, section, summary, fn, phase)
+        claim = summary if summary is not None else " ".join((fn.__doc__ or "").split())
+        if not claim:
+            raise ValueError(f"check {name!r} has no summary")
+        _REGISTRY[name] = Check(name, section, claim, fn, phase)
         return fn
 
     return register

@@ -55,12 +55,9 @@ def _counter(ctx: Ctx, name: str) -> str:
     return stream_text(msgs).strip()
 
 
-@check(
-    "bad_input.signature",
-    SEC_WIRE + " (HMAC)",
-    "a request with a wrong or empty signature is dropped: no reply, no busy, no effect; the kernel serves on",
-)
+@check("bad_input.signature", SEC_WIRE + " (HMAC)")
 def bad_signature(ctx: Ctx) -> Verdict:
+    """a request with a wrong or empty signature is dropped: no reply, no busy, no effect; the kernel serves on"""
     ch = ctx.ch
     name = unique("badsig")
     sent = []
@@ -80,12 +77,9 @@ def bad_signature(ctx: Ctx) -> Verdict:
     return verdict(not answered and ran == "0", fig + (f" ({'; '.join(answered)})" if answered else ""))
 
 
-@check(
-    "bad_input.replay",
-    SEC_WIRE + " (a signature seen before; jupyter_client Session's replay guard)",
-    "the same signed frames sent twice run once",
-)
+@check("bad_input.replay", SEC_WIRE + " (a signature seen before; jupyter_client Session's replay guard)")
 def bad_replay(ctx: Ctx) -> Verdict:
+    """the same signed frames sent twice run once"""
     ch = ctx.ch
     name = unique("replay")
     h, frames = _probe(ctx, name)
@@ -118,13 +112,10 @@ def _malformed(ch: Any) -> list[list[bytes]]:
     return out
 
 
-@check(
-    "bad_input.malformed",
-    SEC_WIRE,
-    "malformed messages on shell and control (bad JSON, no msg_type, too few frames, no delimiter, non-UTF-8) "
-    "are dropped; the kernel serves on",
-)
+@check("bad_input.malformed", SEC_WIRE)
 def bad_malformed(ctx: Ctx) -> Verdict:
+    """malformed messages on shell and control (bad JSON, no msg_type, too few frames, no delimiter, non-UTF-8) are
+    dropped; the kernel serves on"""
     ch = ctx.ch
     sent = 0
     for channel in ("shell", "control"):
@@ -173,12 +164,9 @@ _unknown_check("shell")
 _unknown_check("control")
 
 
-@check(
-    "bad_input.stdin",
-    S["input_reply"],
-    "an unknown message and an input_reply that answers nothing, on stdin, are ignored; the kernel serves on",
-)
+@check("bad_input.stdin", S["input_reply"])
 def unknown_stdin(ctx: Ctx) -> Verdict:
+    """an unknown message and an input_reply that answers nothing, on stdin, are ignored; the kernel serves on"""
     ch = ctx.ch
     a = ch.send("stdin", UNKNOWN, {})
     b = ch.send("stdin", "input_reply", {"value": "conformance stray"})
@@ -194,20 +182,18 @@ def unknown_stdin(ctx: Ctx) -> Verdict:
 # -- heartbeat ---------------------------------------------------------------------
 
 
-@check("heartbeat.echo", "messaging § Heartbeat for kernels", "a heartbeat ping is echoed byte for byte within 1 s")
+@check("heartbeat.echo", "messaging § Heartbeat for kernels")
 def heartbeat_echo(ctx: Ctx) -> Verdict:
+    """a heartbeat ping is echoed byte for byte within 1 s"""
     rtts = [ctx.ch.ping(1.0) for _ in range(3)]
     if any(r is None for r in rtts):
         return failed(f"{sum(r is None for r in rtts)} of 3 pings not echoed within 1 s")
     return passed(f"3 of 3 echoed, max {max(r for r in rtts if r is not None) * 1000:.1f} ms")
 
 
-@check(
-    "heartbeat.busy",
-    "messaging § Heartbeat for kernels (kernels § Handling messages)",
-    "pings are echoed within 1 s while a cell keeps the CPU busy",
-)
+@check("heartbeat.busy", "messaging § Heartbeat for kernels (kernels § Handling messages)")
 def heartbeat_busy(ctx: Ctx) -> Verdict:
+    """pings are echoed within 1 s while a cell keeps the CPU busy"""
     ch = ctx.ch
     h = ch.execute(ctx.code.busy(2.0))
     ch.wait(
