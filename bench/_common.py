@@ -29,9 +29,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -40,8 +39,11 @@ VENV_BIN = str(pathlib.Path(sys.executable).parent)
 if not os.environ.get("PATH", "").startswith(VENV_BIN + os.pathsep):
     os.environ["PATH"] = VENV_BIN + os.pathsep + os.environ.get("PATH", "")
 
-from jupyter_client import KernelManager
-from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from jupyter_client import KernelManager  # noqa: E402 - after PATH names this venv, above
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
 
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -76,10 +78,8 @@ def versions() -> dict[str, str]:
 
     out = {"python": platform.python_version(), "libzmq": zmq.zmq_version()}
     for dist in ("trikernel", "ipykernel", "xeus-python", "jupyter_client", "pyzmq", "ipywidgets", "trio", "comm"):
-        try:
+        with contextlib.suppress(md.PackageNotFoundError):
             out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
     return out
 
 
@@ -132,7 +132,7 @@ class Kernel:
             self.kc.stop_channels()
         try:
             self.km.shutdown_kernel(now=False)
-        except Exception:  # noqa: BLE001 - a bench reports any failure and goes on
+        except Exception:  # a bench reports any failure and goes on
             with contextlib.suppress(Exception):
                 self.km.shutdown_kernel(now=True)
         if self._log_file is not None:
@@ -423,12 +423,17 @@ def baseline_kernelspec(rev: str, root: pathlib.Path) -> str:
     ).stdout.strip()
     src = root / f"src-{short}"
     src.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", rev, "trikernel"], capture_output=True, check=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "archive", rev, "trikernel"], capture_output=True, check=True
+    )
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
     name = f"trikernel-{short}"
     d = root / "kernels" / name
     d.mkdir(parents=True)
-    boot = f"import sys, runpy; sys.path.insert(0, {str(src)!r}); runpy.run_module('trikernel', run_name='__main__', alter_sys=True)"
+    boot = (
+        f"import sys, runpy; sys.path.insert(0, {str(src)!r}); "
+        "runpy.run_module('trikernel', run_name='__main__', alter_sys=True)"
+    )
     spec = {
         "argv": [sys.executable, "-c", boot, "-f", "{connection_file}"],
         "display_name": name,

@@ -34,7 +34,6 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,7 +56,6 @@ from _common import (
     write_json,
 )
 from jupyter_client.kernelspec import KernelSpecManager
-
 
 WRITER = (
     "import os, sys\n"

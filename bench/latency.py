@@ -56,7 +56,7 @@ from _common import (
     start_kernel,
     versions,
     write_json,
-)  # noqa: E402
+)
 
 DELIM = b"<IDS|MSG>"
 
@@ -209,7 +209,7 @@ def flood_kernel_info(c: RawClient, n: int) -> list[float]:
 
 def stats(xs: list[float]) -> dict[str, float]:
     xs = sorted(xs)
-    p99 = xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]
+    p99 = xs[min(len(xs) - 1, round(0.99 * (len(xs) - 1)))]
     return {"median_ms": statistics.median(xs) * 1000, "p99_ms": p99 * 1000, "n": len(xs)}
 
 
@@ -234,7 +234,7 @@ def main() -> int:
     }
     try:
         for _ in range(20):  # warm-up: imports, completer caches
-            for n, c in clients.items():
+            for c in clients.values():
                 one_execute(c)
                 one_request(c, "complete_request", {"code": "import o", "cursor_pos": 8})
                 one_request(c, "inspect_request", {"code": "print", "cursor_pos": 5, "detail_level": 0})

@@ -12,13 +12,15 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from jupyter_kernel_test.msgspec_v5 import msg_structure_validator, schema_fragments, validate_message
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 TIMEOUT = 30
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
@@ -36,12 +38,15 @@ class ValidatingClient(BlockingKernelClient):
             # (and every frontend) says boolean. We send the spec's bool and
             # validate the rest of the message against msgspec_v5.
             assert isinstance(msg["content"]["password"], bool)
-            validate_message({**msg, "content": {**msg["content"], "password": int(msg["content"]["password"])}}, "input_request")
+            validate_message(
+                {**msg, "content": {**msg["content"], "password": int(msg["content"]["password"])}}, "input_request"
+            )
         elif msg["msg_type"] in COMM_TYPES:
             # msgspec_v5 has no comm schemas: header/structure from it, content by the spec
             msg_structure_validator.validate(msg)
             c = msg["content"]
-            assert isinstance(c["comm_id"], str) and isinstance(c["data"], dict)
+            assert isinstance(c["comm_id"], str)
+            assert isinstance(c["data"], dict)
             if msg["msg_type"] == "comm_open":
                 assert isinstance(c["target_name"], str)
         elif msg["msg_type"] not in schema_fragments:
@@ -51,7 +56,9 @@ class ValidatingClient(BlockingKernelClient):
             c = msg["content"]
             assert c["status"] in ("ok", "error"), c
             if c["status"] == "error":
-                assert isinstance(c["ename"], str) and isinstance(c["evalue"], str) and isinstance(c["traceback"], list)
+                assert isinstance(c["ename"], str)
+                assert isinstance(c["evalue"], str)
+                assert isinstance(c["traceback"], list)
         else:
             validate_message(msg, msg["msg_type"])
         return msg
@@ -84,7 +91,9 @@ def install_kernelspec(prefix: Any, name: str, *flags: str) -> str:
     return os.path.join(str(prefix), "share", "jupyter")
 
 
-def make_kernelspec(root: str, name: str, *, interrupt_mode: str = "signal", extra_argv: list[str] | None = None) -> str:
+def make_kernelspec(
+    root: str, name: str, *, interrupt_mode: str = "signal", extra_argv: list[str] | None = None
+) -> str:
     d = os.path.join(root, "kernels", name)
     os.makedirs(d, exist_ok=True)
     spec = {
@@ -163,7 +172,9 @@ def collect_outputs(kc: BlockingKernelClient, msg_id: str, timeout: float = TIME
             return out
 
 
-def execute(kc: BlockingKernelClient, code: str, timeout: float = TIMEOUT, **kw: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def execute(
+    kc: BlockingKernelClient, code: str, timeout: float = TIMEOUT, **kw: Any
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Execute ``code``; returns (execute_reply, iopub messages of that request)."""
     msg_id = kc.execute(code, **kw)
     outputs = collect_outputs(kc, msg_id, timeout)

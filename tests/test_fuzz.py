@@ -33,7 +33,7 @@ import os
 import random
 import sys
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import psutil
 import pytest
@@ -70,7 +70,7 @@ class Shared:
 
     km: Any = None
     kc: Any = None
-    conn: dict[str, Any] = {}
+    conn: ClassVar[dict[str, Any]] = {}
     peers: Peers | None = None
     baseline = 0
     deadline = 0.0
@@ -185,7 +185,10 @@ class KernelFuzz(RuleBasedStateMachine):
         Shared.last = f"{min(n, 2) if kind in HEAVY else n} x {kind}"
         peers.drain(10)
 
-    @rule(kinds=st.lists(st.sampled_from(sorted(set(KINDS) - HEAVY)), min_size=2, max_size=6), seed=st.integers(0, 2**32 - 1))
+    @rule(
+        kinds=st.lists(st.sampled_from(sorted(set(KINDS) - HEAVY)), min_size=2, max_size=6),
+        seed=st.integers(0, 2**32 - 1),
+    )
     def mixed_burst(self, kinds: list[str], seed: int) -> None:
         if time.monotonic() > Shared.deadline:
             return
@@ -240,7 +243,9 @@ class KernelFuzz(RuleBasedStateMachine):
                 time.sleep(0.1)  # the kernel trims the heap at most once a second (heap.py)
                 growth = proc.memory_info().rss - Shared.baseline
             if growth > Shared.max_growth + (4 << 20):
-                print(f"fuzz: RSS +{growth / 2**20:.1f} MiB after burst {Shared.bursts} ({Shared.last})", file=sys.stderr)
+                print(
+                    f"fuzz: RSS +{growth / 2**20:.1f} MiB after burst {Shared.bursts} ({Shared.last})", file=sys.stderr
+                )
             Shared.max_growth = max(Shared.max_growth, growth)
             assert growth < bound, f"RSS grew by {growth / 2**20:.1f} MiB after {Shared.sent} messages"
 

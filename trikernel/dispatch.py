@@ -55,16 +55,16 @@ import trio
 
 from .badinput import BadInputLog, short
 from .errors import JobInterrupted, KernelShuttingDown, ProtocolError
-from .iopub import IOPubQueue
-from .messages import MessageBuilder
-from .sockets import TrioSocket
 from .strict import Refused, refusal
 from .userrun import Job, UserRun
 from .wire import Message, Signer, serialize, utcnow_iso
 
 if TYPE_CHECKING:
+    from .iopub import IOPubQueue
     from .jobs import ShellJobs
     from .messagelog import MessageLog
+    from .messages import MessageBuilder
+    from .sockets import TrioSocket
     from .subshells import SubshellRegistry
 
 log = logging.getLogger("trikernel.dispatch")
@@ -428,8 +428,13 @@ class Dispatcher:
         self._drain_shell()
         sent = _posix_time(failed.msg.header.get("date"))
         spent = trio.current_time() - failed.arrived
-        log.debug("stop_on_error: aborting execute requests up to #%d, and of session %s sent before %s (+%.4fs)",
-                  self._shell_seq, failed.msg.header.get("session"), failed.msg.header.get("date"), spent)
+        log.debug(
+            "stop_on_error: aborting execute requests up to #%d, and of session %s sent before %s (+%.4fs)",
+            self._shell_seq,
+            failed.msg.header.get("session"),
+            failed.msg.header.get("date"),
+            spent,
+        )
         lane.abort = AbortWindow(
             upto_seq=self._shell_seq,
             session=failed.msg.header.get("session") if sent is not None else None,
@@ -732,4 +737,3 @@ ROUTES: dict[str, Route] = {
 UNKNOWN = Route(_BOTH, Lane.IO, Dispatcher.unknown)
 #: The route of a message ``--strict`` refused (whatever its type): answered at once, not run.
 REFUSED = Route(_BOTH, Lane.IO, Dispatcher.refused)
-

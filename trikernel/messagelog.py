@@ -53,6 +53,7 @@ the defaults; a few hundred bytes per line in practice).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -375,10 +376,8 @@ class MessageLog:
             self._write(chunk)
             if closing and not self._queue:
                 break
-        try:
+        with contextlib.suppress(OSError):
             self._file.close()
-        except OSError:
-            pass
         with self._progress:
             self._closed = True
             self._progress.notify_all()

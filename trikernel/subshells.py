@@ -27,6 +27,7 @@ first, since only the main thread's system calls are broken by the signal.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -133,10 +134,8 @@ class SubshellRun(UserRun):
         self._runner = _current_runner()
 
     def _tell_io(self, fn: Callable[[], None]) -> None:
-        try:
+        with contextlib.suppress(trio.RunFinishedError):  # the io run has ended (shutdown)
             self._io_token.run_sync_soon(fn)
-        except trio.RunFinishedError:
-            pass  # the io run has ended (shutdown)
 
     # -- io run --------------------------------------------------------------------
     def interrupt(self) -> None:

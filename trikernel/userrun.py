@@ -34,17 +34,20 @@ the end of the request that made it; a kernel started with SIGINT ignored
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import signal
 import threading
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from . import guestrun
 from .errors import KernelShuttingDown
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 log = logging.getLogger("trikernel.userrun")
 
@@ -96,10 +99,9 @@ class Job:
             self._finish()
 
     def _finish(self) -> None:
-        try:
+        # the io run already ended (shutdown): nobody waits for this job
+        with contextlib.suppress(trio.RunFinishedError):
             self._io_token.run_sync_soon(self.done.set)
-        except trio.RunFinishedError:
-            pass  # the io run already ended (shutdown): nobody waits for this job
 
 
 @trio.lowlevel.disable_ki_protection
@@ -170,10 +172,8 @@ class UserRun:
         self.stopping = True
         if self.token is None or self._send is None:
             return
-        try:
+        with contextlib.suppress(trio.RunFinishedError):
             self.token.run_sync_soon(self._send.send_nowait, _Stop())
-        except trio.RunFinishedError:
-            pass
 
     def interrupt(self) -> None:
         """Interrupt the user code running on the main thread (thread-safe).
