@@ -109,6 +109,22 @@ def make_kernelspec(
     return d
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_ipython_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Every kernel of the run gets a fresh IPYTHONDIR (history database,
+    profile): otherwise kernels share the user's ~/.ipython, and history
+    tests see inputs of earlier runs (jupyter_kernel_test's search test
+    found 6 matches instead of 1 on a machine that had run the suite)."""
+    root = str(tmp_path_factory.mktemp("ipython"))
+    old = os.environ.get("IPYTHONDIR")
+    os.environ["IPYTHONDIR"] = root
+    yield root
+    if old is None:
+        os.environ.pop("IPYTHONDIR", None)
+    else:
+        os.environ["IPYTHONDIR"] = old
+
+
 @pytest.fixture(scope="session")
 def jupyter_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A JUPYTER_PATH entry holding test kernelspecs (signal and message interrupt modes)."""

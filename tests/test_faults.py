@@ -382,7 +382,9 @@ def test_curve_warning_beyond_loopback_is_one_warning_line(tmp_path: Any) -> Non
             line = proc.stderr.readline()
             if "CurveZMQ" in line or not line:
                 break
-        assert "CurveZMQ keys absent" in line and "WARNING" in line and "0.0.0.0" in line, line
+        assert "CurveZMQ keys absent" in line, line
+        assert "WARNING" in line, line
+        assert "0.0.0.0" in line, line
         assert "Traceback" not in line
     finally:
         proc.terminate()
@@ -417,7 +419,10 @@ def test_a_cell_and_its_thread_wait_for_input_at_once(jupyter_path: str) -> None
         assert set(pending) == {"cell? ", "thread? "}, f"pending at once: {sorted(pending)}"
         # answer the thread first: the cell's input() must not take it
         for prompt, value in (("thread? ", "T"), ("cell? ", "C")):
-            kc.session.send(kc.stdin_channel.socket, kc.session.msg("input_reply", {"value": value}, parent=pending[prompt]["header"]))
+            kc.session.send(
+                kc.stdin_channel.socket,
+                kc.session.msg("input_reply", {"value": value}, parent=pending[prompt]["header"]),
+            )
         r = reply_of(kc, msg_id)
         assert r["content"]["status"] == "ok", r["content"]
         text = ""
@@ -588,7 +593,10 @@ def test_an_interrupt_while_idle_never_lands_in_the_next_cell(jupyter_path: str,
                 # sockets, so a cell sent at once may legitimately start first
                 msg = kc.session.msg("interrupt_request", {})
                 kc.control_channel.send(msg)
-                while kc.control_channel.get_msg(timeout=TIMEOUT)["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+                while (
+                    kc.control_channel.get_msg(timeout=TIMEOUT)["parent_header"].get("msg_id")
+                    != msg["header"]["msg_id"]
+                ):
                     pass
             r, _ = execute(kc, f"{i} + 1")
             if r["content"]["status"] != "ok":

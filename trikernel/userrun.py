@@ -317,8 +317,6 @@ class UserRun:
             log.info("SIGINT disposition was changed by user code (%r); restored so interrupts keep working", current)
 
 
-
-
 def _only_interrupts(exc: BaseException) -> bool:
     """True for KeyboardInterrupt, or a group holding nothing else."""
     if isinstance(exc, BaseExceptionGroup):
