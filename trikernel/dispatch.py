@@ -616,29 +616,9 @@ class Dispatcher:
         }
         return Reply(content, metadata)
 
-    async def complete(self, msg: Message) -> Reply:
-        jobs = await self._jobs_when_ready()
-        return Reply(await self.in_user_run(_sync(jobs.complete, msg)))
-
-    async def inspect(self, msg: Message) -> Reply:
-        jobs = await self._jobs_when_ready()
-        return Reply(await self.in_user_run(_sync(jobs.inspect, msg)))
-
-    async def is_complete(self, msg: Message) -> Reply:
-        jobs = await self._jobs_when_ready()
-        return Reply(await self.in_user_run(_sync(jobs.is_complete, msg)))
-
-    async def history(self, msg: Message) -> Reply:
-        jobs = await self._jobs_when_ready()
-        return Reply(await self.in_user_run(_sync(jobs.history, msg)))
-
     async def comm(self, msg: Message) -> None:
         jobs = await self._jobs_when_ready()
         await self.in_user_run(_sync(jobs.comm, msg), concurrent=True)
-
-    async def comm_info(self, msg: Message) -> Reply:
-        jobs = await self._jobs_when_ready()
-        return Reply(await self.in_user_run(_sync(jobs.comm_info, msg), concurrent=True))
 
     async def _jobs_when_ready(self) -> ShellJobs:
         await self._jobs_ready.wait()
@@ -693,6 +673,20 @@ async def _subshell_deleted(d: Dispatcher, msg: Message) -> Reply | None:
     return _shell_error(d, msg, "SubshellDeleted", f"subshell {subshell_id!r} was deleted before this request ran")
 
 
+def _user_request(
+    body: Callable[[ShellJobs], Callable[[Message], dict[str, Any]]], *, concurrent: bool = False
+) -> Handler:
+    """The handler of a request whose reply content is one synchronous job
+    body of :class:`ShellJobs` run in the user run (``body(jobs)(msg)``);
+    ``concurrent``: as a task of the user nursery, not in the sequential lane."""
+
+    async def handler(d: Dispatcher, msg: Message) -> Reply:
+        jobs = await d._jobs_when_ready()
+        return Reply(await d.in_user_run(_sync(body(jobs), msg), concurrent=concurrent))
+
+    return handler
+
+
 def _sync(fn: Callable[[Message], Any], msg: Message) -> Callable[[], Awaitable[Any]]:
     """An async job body that calls the synchronous ``fn(msg)``."""
 
@@ -716,14 +710,14 @@ _BOTH = frozenset({"shell", "control"})
 #: forms, answered on the channel they came from).
 ROUTES: dict[str, Route] = {
     "execute_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.execute),
-    "complete_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.complete),
-    "inspect_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.inspect),
-    "is_complete_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.is_complete),
-    "history_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.history),
+    "complete_request": Route(_SHELL, Lane.SEQUENTIAL, _user_request(lambda jobs: jobs.complete)),
+    "inspect_request": Route(_SHELL, Lane.SEQUENTIAL, _user_request(lambda jobs: jobs.inspect)),
+    "is_complete_request": Route(_SHELL, Lane.SEQUENTIAL, _user_request(lambda jobs: jobs.is_complete)),
+    "history_request": Route(_SHELL, Lane.SEQUENTIAL, _user_request(lambda jobs: jobs.history)),
     "comm_open": Route(_SHELL, Lane.CONCURRENT, Dispatcher.comm),
     "comm_msg": Route(_SHELL, Lane.CONCURRENT, Dispatcher.comm),
     "comm_close": Route(_SHELL, Lane.CONCURRENT, Dispatcher.comm),
-    "comm_info_request": Route(_SHELL, Lane.CONCURRENT, Dispatcher.comm_info),
+    "comm_info_request": Route(_SHELL, Lane.CONCURRENT, _user_request(lambda jobs: jobs.comm_info, concurrent=True)),
     "kernel_info_request": Route(_BOTH, Lane.IO, Dispatcher.kernel_info),
     "shutdown_request": Route(_BOTH, Lane.IO, Dispatcher.shutdown),
     "interrupt_request": Route(_BOTH, Lane.IO, Dispatcher.interrupt),
