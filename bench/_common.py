@@ -24,13 +24,13 @@ import pathlib
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -39,11 +39,15 @@ VENV_BIN = str(pathlib.Path(sys.executable).parent)
 if not os.environ.get("PATH", "").startswith(VENV_BIN + os.pathsep):
     os.environ["PATH"] = VENV_BIN + os.pathsep + os.environ.get("PATH", "")
 
-from jupyter_client import KernelManager
-from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from jupyter_client import KernelManager  # noqa: E402 - after PATH names this venv, above
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
 
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
+REPO_ROOT = BENCH_DIR.parent
 LOG_DIR = RESULTS_DIR / "logs"
 
 #: Display order and labels of the kernels compared.
@@ -74,10 +78,8 @@ def versions() -> dict[str, str]:
 
     out = {"python": platform.python_version(), "libzmq": zmq.zmq_version()}
     for dist in ("trikernel", "ipykernel", "xeus-python", "jupyter_client", "pyzmq", "ipywidgets", "trio", "comm"):
-        try:
+        with contextlib.suppress(md.PackageNotFoundError):
             out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
     return out
 
 
@@ -130,7 +132,7 @@ class Kernel:
             self.kc.stop_channels()
         try:
             self.km.shutdown_kernel(now=False)
-        except Exception:  # noqa: BLE001 - a bench reports any failure and goes on
+        except Exception:  # a bench reports any failure and goes on
             with contextlib.suppress(Exception):
                 self.km.shutdown_kernel(now=True)
         if self._log_file is not None:
@@ -412,3 +414,31 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def write_json(path: pathlib.Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=str))
+
+
+def baseline_kernelspec(rev: str, root: pathlib.Path) -> str:
+    """A kernelspec that runs trikernel as of git revision ``rev``; returns its name."""
+    short = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", rev], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    src = root / f"src-{short}"
+    src.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "archive", rev, "trikernel"], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
+    name = f"trikernel-{short}"
+    d = root / "kernels" / name
+    d.mkdir(parents=True)
+    boot = (
+        f"import sys, runpy; sys.path.insert(0, {str(src)!r}); "
+        "runpy.run_module('trikernel', run_name='__main__', alter_sys=True)"
+    )
+    spec = {
+        "argv": [sys.executable, "-c", boot, "-f", "{connection_file}"],
+        "display_name": name,
+        "language": "python",
+        "metadata": {"supported_encryption": ["curve"]},
+    }
+    (d / "kernel.json").write_text(json.dumps(spec))
+    return name

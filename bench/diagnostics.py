@@ -43,11 +43,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS_DIR, fmt, machine, md_table, median, now_iso, start_kernel, write_json  # noqa: E402
-from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
-
-import iopub  # noqa: E402
-import latency  # noqa: E402
+import iopub
+import latency
+from _common import RESULTS_DIR, fmt, machine, md_table, median, now_iso, start_kernel, write_json
+from jupyter_client.kernelspec import KernelSpecManager
 
 
 def make_variants(root: Path, baseline: str | None) -> dict[str, Path]:

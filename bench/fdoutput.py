@@ -34,7 +34,6 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +46,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _common import (
     DELIM,
     RESULTS_DIR,
+    baseline_kernelspec,
     drain_iopub,
     fmt,
     label,
@@ -57,8 +57,6 @@ from _common import (
 )
 from jupyter_client.kernelspec import KernelSpecManager
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-
 WRITER = (
     "import os, sys\n"
     "line = b'x' * 99 + b'\\n'\n"
@@ -66,29 +64,6 @@ WRITER = (
     "for i in range(int(sys.argv[1]) * 1000000 // len(block)):\n"
     "    os.write(1, block)\n"
 )
-
-
-def baseline_kernelspec(rev: str, root: pathlib.Path) -> str:
-    """A kernelspec that runs trikernel as of git revision ``rev``; returns its name."""
-    short = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", rev], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    src = root / f"src-{short}"
-    src.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "trikernel"], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
-    name = f"trikernel-{short}"
-    d = root / "kernels" / name
-    d.mkdir(parents=True)
-    boot = f"import sys, runpy; sys.path.insert(0, {str(src)!r}); runpy.run_module('trikernel', run_name='__main__', alter_sys=True)"
-    spec = {
-        "argv": [sys.executable, "-c", boot, "-f", "{connection_file}"],
-        "display_name": name,
-        "language": "python",
-        "metadata": {"supported_encryption": ["curve"]},
-    }
-    (d / "kernel.json").write_text(json.dumps(spec))
-    return name
 
 
 class Reader:

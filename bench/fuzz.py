@@ -30,7 +30,7 @@ import psutil
 from jupyter_client.manager import KernelManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from fuzzer import Fuzzer, Peers, generate, load_connection, pick  # noqa: E402
+from fuzzer import Fuzzer, Peers, generate, load_connection, pick
 
 
 class Target:
@@ -68,7 +68,7 @@ class Target:
         while time.monotonic() < deadline:
             try:
                 r = self.kc.get_control_msg(timeout=max(0.05, deadline - time.monotonic()))
-            except Exception:  # noqa: BLE001 - queue.Empty or a reader error: no answer
+            except Exception:  # queue.Empty or a reader error: no answer
                 return False
             if r["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
                 return True
@@ -152,7 +152,10 @@ def main() -> None:
         r = run_kernel(name, args.messages, args.burst, args.seed, logdir)
         results.append(r)
         print(json.dumps(r), flush=True)
-    print("\n| kernel | messages | s | bursts survived | deaths/hangs | RSS start/max/end/idle MiB | log lines per 1000 bad |")
+    print(
+        "\n| kernel | messages | s | bursts survived | deaths/hangs "
+        "| RSS start/max/end/idle MiB | log lines per 1000 bad |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in results:
         print(

@@ -269,7 +269,7 @@ async def _crowd(name: str, n: int) -> dict[str, Any]:
             kc.stop_channels()
         except StartFailed as exc:
             r["error"], r["km"] = str(exc), exc.km
-        except Exception as exc:  # noqa: BLE001 - counted and reported
+        except Exception as exc:  # counted and reported
             r["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
         return r
 
@@ -350,7 +350,7 @@ def main() -> int:
             for name, label in KERNELS.items():
                 try:
                     r = _run(_single, name)
-                except Exception:  # noqa: BLE001 - report and go on
+                except Exception:  # report and go on
                     r = {"kernel": name, "error": traceback.format_exc(limit=3)}
                 r["warmup"] = rep == 0
                 trials.append(r)

@@ -38,8 +38,8 @@ import tempfile
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import RESULTS_DIR, fmt, machine, md_table, now_iso, start_kernel, versions, write_json  # noqa: E402
-from latency import RawClient, one_execute  # noqa: E402
+from _common import RESULTS_DIR, fmt, machine, md_table, now_iso, start_kernel, versions, write_json
+from latency import RawClient, one_execute
 
 HAS_QT = any(importlib.util.find_spec(m) is not None for m in ("PySide6", "PyQt6"))
 
@@ -127,7 +127,7 @@ def lateness(c: RawClient, setup: str, n: int) -> list[float]:
 
 def stats(xs: list[float]) -> dict[str, float]:
     xs = sorted(xs)
-    p99 = xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]
+    p99 = xs[min(len(xs) - 1, round(0.99 * (len(xs) - 1)))]
     return {"median_ms": statistics.median(xs) * 1000, "p99_ms": p99 * 1000, "n": len(xs)}
 
 

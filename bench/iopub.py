@@ -98,7 +98,7 @@ def bench_throughput(kernels: list[str], reps: int, n_comms: int, n_lines: int) 
             run_cell(k.kc, COMM_CELL.format(n=1000), timeout=60)
             run_cell(k.kc, STREAM_CELL.format(n=10000), timeout=60)
             live[name] = k
-        except Exception as exc:  # noqa: BLE001 - a bench reports any failure and goes on
+        except Exception as exc:  # a bench reports any failure and goes on
             out[name]["errors"].append(f"start/warm-up failed: {exc!r}")
             _log(f"[iopub] {name}: start/warm-up failed: {exc!r}")
     try:
@@ -196,7 +196,7 @@ def bench_burst(kernels: list[str], reps: int, n_buttons: int) -> dict[str, Any]
                             )
                     out[name][mode].append(r.as_dict())
                     _log(f"[iopub] burst-{mode:5} {label(name):12} trial {rep + 1}: {_summ(r)}")
-                except Exception as exc:  # noqa: BLE001 - a bench reports any failure and goes on
+                except Exception as exc:  # a bench reports any failure and goes on
                     out[name]["errors"].append(f"burst {mode} trial {rep + 1}: {exc!r}")
                     _log(f"[iopub] burst-{mode} {name} trial {rep + 1}: FAILED {exc!r}")
     return out
@@ -231,7 +231,7 @@ def probe_curve_ignored(name: str) -> str:
                 f"{'answered' if enc else 'got NO reply (CURVE handshake never completes)'}; client WITHOUT "
                 f"the key {'answered (the kernel ignores the keys, traffic is plaintext)' if plain else 'got no reply'}"
             )
-    except Exception as exc:  # noqa: BLE001 - a bench reports any failure and goes on
+    except Exception as exc:  # a bench reports any failure and goes on
         return f"probe failed: {exc!r}"
 
 

@@ -17,7 +17,10 @@ load on the machine hits every kernel alike; medians and p99 over
 uses the connection's key (HMAC-SHA256), as every client does. Nothing is
 asserted.
 
-Usage: python bench/latency.py [--requests 300] [--kernels trikernel python3 xpython] [--json PATH]
+``--baseline REV ...`` adds trikernel as of each git revision (``git
+archive`` of ``trikernel/`` on ``sys.path``), next to the checkout's own.
+
+Usage: python bench/latency.py [--requests 300] [--baseline REV ...] [--kernels trikernel python3 xpython] [--json PATH]
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ import hashlib
 import hmac
 import json
 import os
+import pathlib
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -41,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (
     RESULTS_DIR,
     available_kernels,
+    baseline_kernelspec,
     fmt,
     label,
     machine,
@@ -49,7 +56,7 @@ from _common import (
     start_kernel,
     versions,
     write_json,
-)  # noqa: E402
+)
 
 DELIM = b"<IDS|MSG>"
 
@@ -202,7 +209,7 @@ def flood_kernel_info(c: RawClient, n: int) -> list[float]:
 
 def stats(xs: list[float]) -> dict[str, float]:
     xs = sorted(xs)
-    p99 = xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]
+    p99 = xs[min(len(xs) - 1, round(0.99 * (len(xs) - 1)))]
     return {"median_ms": statistics.median(xs) * 1000, "p99_ms": p99 * 1000, "n": len(xs)}
 
 
@@ -211,9 +218,15 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--flood-requests", type=int, default=100)
     ap.add_argument("--kernels", nargs="*", default=None)
+    ap.add_argument("--baseline", nargs="*", default=[], help="git revisions of trikernel to compare with")
     ap.add_argument("--json", default=str(RESULTS_DIR / "latency.json"))
     args = ap.parse_args()
+    root = pathlib.Path(tempfile.mkdtemp(prefix="bench-latency-"))
+    bases = [baseline_kernelspec(rev, root) for rev in args.baseline]
+    if bases:
+        os.environ["JUPYTER_PATH"] = str(root) + os.pathsep + os.environ.get("JUPYTER_PATH", "")
     names = available_kernels(args.kernels)
+    names = [*names[:1], *bases, *names[1:]] if not args.kernels else names
     kernels = {n: start_kernel(n, log_tag="-latency") for n in names}
     clients = {n: RawClient(k.km.get_connection_info()) for n, k in kernels.items()}
     rows: dict[str, dict[str, list[float]]] = {
@@ -221,7 +234,7 @@ def main() -> int:
     }
     try:
         for _ in range(20):  # warm-up: imports, completer caches
-            for n, c in clients.items():
+            for c in clients.values():
                 one_execute(c)
                 one_request(c, "complete_request", {"code": "import o", "cursor_pos": 8})
                 one_request(c, "inspect_request", {"code": "print", "cursor_pos": 5, "detail_level": 0})
@@ -243,6 +256,7 @@ def main() -> int:
             c.close()
         for k in kernels.values():
             k.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
     result = {n: {row: stats(xs) for row, xs in r.items()} for n, r in rows.items()}
     base = "xpython" if "xpython" in result else names[0]
     table = []
@@ -263,7 +277,7 @@ def main() -> int:
     ]
     text = f"# latency ({now_iso()}, {machine()})\n\n" + md_table(headers, table)
     print(text)
-    write_json(__import__("pathlib").Path(args.json), {"versions": versions(), "results": result})
+    write_json(pathlib.Path(args.json), {"versions": versions(), "results": result})
     (RESULTS_DIR / "latency.md").write_text(text + "\n")
     return 0
 

@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in available_kernels(args.kernels):
         try:
             res.append(measure(name, args.comms, args.stall, args.idle_seconds))
-        except Exception as exc:  # noqa: BLE001 - a bench reports any failure and goes on
+        except Exception as exc:  # a bench reports any failure and goes on
             _log(f"[memory] {name}: FAILED {exc!r}")
             res.append({"kernel": name, "error": repr(exc)})
     text = report(res, args.comms, args.stall)

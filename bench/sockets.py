@@ -217,7 +217,7 @@ def report(trials: list[dict[str, Any]], drivers: list[str], round_trips: int) -
 
         v["zmq-anyio"] = md.version("zmq-anyio")
         v["anyio"] = md.version("anyio")
-    except Exception:  # noqa: BLE001 - versions are informative
+    except Exception:  # versions are informative
         pass
     lines = [
         f"# Socket drivers: ping-pong CPU ({now_iso()})",
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         for d in args.drivers:
             try:
                 t = trial(d, args.round_trips)
-            except Exception as exc:  # noqa: BLE001 - a bench reports any failure and goes on
+            except Exception as exc:  # a bench reports any failure and goes on
                 t = {"driver": d, "error": repr(exc)}
             print(f"[sockets] trial {rep + 1}/{args.reps} {d}: {t}", file=sys.stderr)
             trials.append(t)

@@ -74,7 +74,7 @@ def provisioner_status() -> tuple[bool, str]:
         if ep.name == PROVISIONER:
             try:
                 ep.load()
-            except Exception as exc:  # noqa: BLE001 - any import error means "not available yet"
+            except Exception as exc:  # any import error means "not available yet"
                 return False, f"entry point {PROVISIONER} ({ep.value}) does not load: {exc!r}"
             return True, f"{PROVISIONER} -> {ep.value}"
     return False, f"no entry point {PROVISIONER!r} in group jupyter_client.kernel_provisioners"
@@ -153,7 +153,7 @@ def one_start(kernel_name: str, mode: str, tag: str, timeout: float = 60.0) -> d
                             break
             if not res["ok"] and "error" not in res:
                 res["error"] = "no reply within timeout"
-        except Exception as exc:  # noqa: BLE001 - a bench reports any failure and goes on
+        except Exception as exc:  # a bench reports any failure and goes on
             res["error"] = f"{type(exc).__name__}: {exc}"
         finally:
             if sock is not None:
@@ -161,7 +161,7 @@ def one_start(kernel_name: str, mode: str, tag: str, timeout: float = 60.0) -> d
             ctx.term()
             try:
                 km.shutdown_kernel(now=True)
-            except Exception as exc:  # noqa: BLE001 - a bench reports any failure and goes on
+            except Exception as exc:  # a bench reports any failure and goes on
                 res.setdefault("shutdown_error", repr(exc))
     return res
 
@@ -219,7 +219,7 @@ async def _crowd_worker_async(kernel_name: str, mode: str, n: int, barrier: Any,
             r["ok"] = reply["content"]["status"] == "ok"
             if not r["ok"]:
                 r["error"] = f"1+1 status {reply['content']['status']}"
-        except Exception as exc:  # noqa: BLE001 - a bench reports any failure and goes on
+        except Exception as exc:  # a bench reports any failure and goes on
             r["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             r["t_fail"] = time.time()
         finally:
@@ -245,7 +245,7 @@ async def _crowd_worker_async(kernel_name: str, mode: str, n: int, barrier: Any,
     async def stop(km: Any) -> None:
         try:
             await asyncio.wait_for(km.shutdown_kernel(now=True), 15)
-        except Exception:  # noqa: BLE001 - last resort below
+        except Exception:  # last resort below
             proc = getattr(km.provisioner, "process", None)
             if proc is not None:
                 proc.kill()
@@ -263,7 +263,7 @@ async def _crowd_worker_async(kernel_name: str, mode: str, n: int, barrier: Any,
 def _crowd_worker(kernel_name: str, mode: str, n: int, barrier: Any, q: Any, wid: int) -> None:
     try:
         q.put((wid, asyncio.run(_crowd_worker_async(kernel_name, mode, n, barrier, wid))))
-    except BaseException:  # noqa: BLE001 - the parent must hear about any crash, else it waits
+    except BaseException:  # the parent must hear about any crash, else it waits
         q.put((wid, [{"ok": False, "error": "worker crashed: " + traceback.format_exc()[-800:]}]))
 
 
@@ -334,7 +334,7 @@ def report(single: dict[str, list[dict[str, Any]]], crowds: list[dict[str, Any]]
             ]
         )
     base = med.get("python3 classic", {})
-    for row, key in zip(rows, single):
+    for row, key in zip(rows, single, strict=False):
         row.append(ratio(med[key].get("t_info"), base.get("t_info")))
         row.append(ratio(med[key].get("t_exec"), base.get("t_exec")))
     table = md_table(

@@ -29,10 +29,18 @@ from typing import Any
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-from _common import (  # noqa: E402 - after the path entry
-    RESULTS_DIR, available_kernels, kernel, label, machine, md_table, now_iso, ratio, versions, write_json,
+from _common import (
+    RESULTS_DIR,
+    available_kernels,
+    kernel,
+    label,
+    machine,
+    md_table,
+    now_iso,
+    ratio,
+    versions,
+    write_json,
 )
-
 
 #: Seconds a comm_msg may wait for its answer before it counts as blocked.
 COMM_WAIT = 5.0
@@ -56,8 +64,12 @@ def send(kc: Any, msg_type: str, content: dict[str, Any], subshell_id: str | Non
 
 
 def execute(kc: Any, code: str, subshell_id: str | None) -> str:
-    return send(kc, "execute_request", {"code": code, "silent": False, "store_history": True,
-                                        "user_expressions": {}, "allow_stdin": False}, subshell_id)
+    return send(
+        kc,
+        "execute_request",
+        {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False},
+        subshell_id,
+    )
 
 
 def wait_reply(kc: Any, msg_id: str, stash: dict[str, Any]) -> Any:
@@ -104,10 +116,18 @@ def bench(name: str, reps: int) -> dict[str, Any] | None:
             return None
         stash: dict[str, Any] = {}
         sid = control(kc, "create_subshell_request")["subshell_id"]
-        wait_reply(kc, execute(kc, "import time\nfrom comm import create_comm\n"
-                                   "c = create_comm(target_name='bench')\n"
-                                   "c.on_msg(lambda m: c.send({'pong': m['content']['data']['ping']}))\n"
-                                   "print(c.comm_id)", None), stash)
+        wait_reply(
+            kc,
+            execute(
+                kc,
+                "import time\nfrom comm import create_comm\n"
+                "c = create_comm(target_name='bench')\n"
+                "c.on_msg(lambda m: c.send({'pong': m['content']['data']['ping']}))\n"
+                "print(c.comm_id)",
+                None,
+            ),
+            stash,
+        )
         comm_id = ""
         while not comm_id:
             m = kc.get_iopub_msg(timeout=30)
@@ -145,13 +165,19 @@ def main() -> None:
     args = ap.parse_args()
     results = {name: r for name in available_kernels() if (r := bench(name, args.reps)) is not None}
     rows = []
-    for key, what in (("idle", "subshell 1+1, main idle"), ("busy", "subshell 1+1, main in time.sleep"),
-                      ("comm", "comm_msg round trip over a subshell, main in time.sleep")):
+    for key, what in (
+        ("idle", "subshell 1+1, main idle"),
+        ("busy", "subshell 1+1, main in time.sleep"),
+        ("comm", "comm_msg round trip over a subshell, main in time.sleep"),
+    ):
         row: list[Any] = [what]
         for name in results:
             xs = results[name][key]
-            row.append(f"{statistics.median(xs) * 1000:.2f} / {p90(xs) * 1000:.2f}" if xs else
-                       f"no answer in {COMM_WAIT:.0f} s (waits for the main cell)")
+            row.append(
+                f"{statistics.median(xs) * 1000:.2f} / {p90(xs) * 1000:.2f}"
+                if xs
+                else f"no answer in {COMM_WAIT:.0f} s (waits for the main cell)"
+            )
         if "trikernel" in results and "python3" in results:
             a, b = results["trikernel"][key], results["python3"][key]
             row.append(ratio(statistics.median(a), statistics.median(b)) if a and b else "-")

@@ -8,7 +8,10 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 cells = [
-    new_markdown_cell("# A tour of trikernel\n\nPython in Jupyter, on trio. Run it with\n`jupyter execute --kernel_name=trikernel examples/tour.ipynb`."),
+    new_markdown_cell(
+        "# A tour of trikernel\n\nPython in Jupyter, on trio. Run it with\n"
+        "`jupyter execute --kernel_name=trikernel examples/tour.ipynb`."
+    ),
     new_code_cell("print('hello from trikernel')\nimport sys\nprint('stderr works too', file=sys.stderr)"),
     new_markdown_cell("## Rich display"),
     new_code_cell(
@@ -20,7 +23,10 @@ cells = [
         "    h.update({'text/plain': f'progress: {p}%'}, raw=True)\n"
         "{'a dict': [1, 2, 3]}"
     ),
-    new_markdown_cell("## Errors\n\nAn error caught in the cell, and one that reaches the kernel (the cell is tagged `raises-exception`, so `jupyter execute` carries on)."),
+    new_markdown_cell(
+        "## Errors\n\nAn error caught in the cell, and one that reaches the kernel "
+        "(the cell is tagged `raises-exception`, so `jupyter execute` carries on)."
+    ),
     new_code_cell("try:\n    1 / 0\nexcept ZeroDivisionError as exc:\n    print('caught:', repr(exc))"),
     new_code_cell("raise ValueError('shown as an error output')", metadata={"tags": ["raises-exception"]}),
     new_markdown_cell("## A widget\n\nIts model travels as comm messages on IOPub."),
@@ -113,7 +119,10 @@ cells = [
     ),
 ]
 
-nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "trikernel", "display_name": "Python 3 (trikernel)", "language": "python"}})
+nb = new_notebook(
+    cells=cells,
+    metadata={"kernelspec": {"name": "trikernel", "display_name": "Python 3 (trikernel)", "language": "python"}},
+)
 out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tour.ipynb")
 nbformat.write(nb, out)
 print("wrote", out)

@@ -12,13 +12,15 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from jupyter_kernel_test.msgspec_v5 import msg_structure_validator, schema_fragments, validate_message
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 TIMEOUT = 30
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
@@ -37,12 +39,15 @@ class ValidatingClient(BlockingKernelClient):
             # (and every frontend) says boolean. We send the spec's bool and
             # validate the rest of the message against msgspec_v5.
             assert isinstance(msg["content"]["password"], bool)
-            validate_message({**msg, "content": {**msg["content"], "password": int(msg["content"]["password"])}}, "input_request")
+            validate_message(
+                {**msg, "content": {**msg["content"], "password": int(msg["content"]["password"])}}, "input_request"
+            )
         elif msg["msg_type"] in COMM_TYPES:
             # msgspec_v5 has no comm schemas: header/structure from it, content by the spec
             msg_structure_validator.validate(msg)
             c = msg["content"]
-            assert isinstance(c["comm_id"], str) and isinstance(c["data"], dict)
+            assert isinstance(c["comm_id"], str)
+            assert isinstance(c["data"], dict)
             if msg["msg_type"] == "comm_open":
                 assert isinstance(c["target_name"], str)
         elif msg["msg_type"] in DEBUG_TYPES:
@@ -60,7 +65,9 @@ class ValidatingClient(BlockingKernelClient):
             c = msg["content"]
             assert c["status"] in ("ok", "error"), c
             if c["status"] == "error":
-                assert isinstance(c["ename"], str) and isinstance(c["evalue"], str) and isinstance(c["traceback"], list)
+                assert isinstance(c["ename"], str)
+                assert isinstance(c["evalue"], str)
+                assert isinstance(c["traceback"], list)
         else:
             validate_message(msg, msg["msg_type"])
         return msg
@@ -93,7 +100,9 @@ def install_kernelspec(prefix: Any, name: str, *flags: str) -> str:
     return os.path.join(str(prefix), "share", "jupyter")
 
 
-def make_kernelspec(root: str, name: str, *, interrupt_mode: str = "signal", extra_argv: list[str] | None = None) -> str:
+def make_kernelspec(
+    root: str, name: str, *, interrupt_mode: str = "signal", extra_argv: list[str] | None = None
+) -> str:
     d = os.path.join(root, "kernels", name)
     os.makedirs(d, exist_ok=True)
     spec = {
@@ -107,6 +116,22 @@ def make_kernelspec(root: str, name: str, *, interrupt_mode: str = "signal", ext
     with open(os.path.join(d, "kernel.json"), "w") as f:
         json.dump(spec, f)
     return d
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_ipython_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Every kernel of the run gets a fresh IPYTHONDIR (history database,
+    profile): otherwise kernels share the user's ~/.ipython, and history
+    tests see inputs of earlier runs (jupyter_kernel_test's search test
+    found 6 matches instead of 1 on a machine that had run the suite)."""
+    root = str(tmp_path_factory.mktemp("ipython"))
+    old = os.environ.get("IPYTHONDIR")
+    os.environ["IPYTHONDIR"] = root
+    yield root
+    if old is None:
+        os.environ.pop("IPYTHONDIR", None)
+    else:
+        os.environ["IPYTHONDIR"] = old
 
 
 @pytest.fixture(scope="session")
@@ -172,7 +197,9 @@ def collect_outputs(kc: BlockingKernelClient, msg_id: str, timeout: float = TIME
             return out
 
 
-def execute(kc: BlockingKernelClient, code: str, timeout: float = TIMEOUT, **kw: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def execute(
+    kc: BlockingKernelClient, code: str, timeout: float = TIMEOUT, **kw: Any
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Execute ``code``; returns (execute_reply, iopub messages of that request)."""
     msg_id = kc.execute(code, **kw)
     outputs = collect_outputs(kc, msg_id, timeout)

@@ -18,15 +18,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import random
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
+
+if TYPE_CHECKING:
+    import os
 
 DELIM = b"<IDS|MSG>"
 MESSAGE_CHANNELS = ("shell", "control", "stdin")
@@ -159,7 +161,16 @@ class Fuzzer:
             },
             "complete_request": {"code": code, "cursor_pos": len(code)},
             "inspect_request": {"code": code, "cursor_pos": len(code), "detail_level": rnd.choice([0, 1])},
-            "history_request": {"hist_access_type": rnd.choice(["tail", "range", "search"]), "n": 3, "output": False, "raw": True, "session": 0, "start": 0, "stop": 2, "pattern": "*"},
+            "history_request": {
+                "hist_access_type": rnd.choice(["tail", "range", "search"]),
+                "n": 3,
+                "output": False,
+                "raw": True,
+                "session": 0,
+                "start": 0,
+                "stop": 2,
+                "pattern": "*",
+            },
             "is_complete_request": {"code": code},
             "comm_open": {"comm_id": comm_id, "target_name": rnd.choice(["fuzz", "jupyter.widget", ""]), "data": {}},
             "comm_msg": {"comm_id": comm_id, "data": {"method": "update", "state": {}}},

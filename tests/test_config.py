@@ -25,17 +25,20 @@ GOOD = {
 def test_parse_good():
     c = parse_connection(GOOD)
     assert c.ports == {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
-    assert c.key == b"k" and c.all_ports_given and not c.curve
+    assert c.key == b"k"
+    assert c.all_ports_given
+    assert not c.curve
     assert c.url("iopub") == "tcp://127.0.0.1:2"
 
 
 def test_curve_keys():
     c = parse_connection({**GOOD, "curve_publickey": "p" * 40, "curve_secretkey": "s" * 40})
-    assert c.curve and c.to_dict()["curve_secretkey"] == "s" * 40
+    assert c.curve
+    assert c.to_dict()["curve_secretkey"] == "s" * 40
 
 
 @pytest.mark.parametrize(
-    "change,field",
+    ("change", "field"),
     [
         ({"key": None}, "key"),
         ({"hb_port": "5"}, "hb_port"),

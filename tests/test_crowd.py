@@ -126,7 +126,7 @@ def crowd(kernel_name: str, jupyter_path: str, tmp_path) -> tuple[list[dict], fl
         for out in outs
     ]
     results: list[dict] = []
-    for p, out in zip(procs, outs):
+    for p, out in zip(procs, outs, strict=False):
         p.wait(timeout=500)
         if out.exists():
             results.extend(json.loads(out.read_text()))

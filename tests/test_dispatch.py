@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -33,8 +32,12 @@ from trikernel.iorun import IORun, IORunParts
 from trikernel.messages import MessageBuilder, kernel_info_content
 from trikernel.sockets import BoundSockets, TrioSocket, create_and_bind
 from trikernel.stdinbridge import StdinBridge
-from trikernel.userrun import Job
 from trikernel.wire import Message, Signer
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from trikernel.userrun import Job
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -92,8 +95,13 @@ class FakeJobs:
             # a real failing cell takes milliseconds (IPython formats the
             # traceback); the burst behind it is dated within that time
             await trio.sleep(0.02)
-            return {"status": "error", "ename": "ValueError", "evalue": "x", "traceback": [],
-                    "execution_count": self.execution_count - 1}
+            return {
+                "status": "error",
+                "ename": "ValueError",
+                "evalue": "x",
+                "traceback": [],
+                "execution_count": self.execution_count - 1,
+            }
         return {"status": "ok", "execution_count": self.execution_count - 1, "user_expressions": {}, "payload": []}
 
     def complete(self, msg: Message) -> dict[str, Any]:
@@ -226,8 +234,9 @@ def rig() -> Iterator[Rig]:
     )
     iopub = IOPubTask(bound.sockets["iopub"], queue, builder, send_timeout=5.0, warn_after=1.0)
     io = IORun(
-        IORunParts(builder, queue, iopub, dispatcher, stdin, TrioSocket(bound.sockets["stdin"], "stdin"),
-                   user_run, config)  # type: ignore[arg-type]
+        IORunParts(
+            builder, queue, iopub, dispatcher, stdin, TrioSocket(bound.sockets["stdin"], "stdin"), user_run, config
+        )  # type: ignore[arg-type]
     )
     io.start()
     assert io.wait_ready()
@@ -265,7 +274,9 @@ def states(msgs: list[dict[str, Any]]) -> list[str]:
         ("control", "usage_request", {}),
     ],
 )
-def test_every_request_is_bracketed_and_answered(rig: Rig, channel: str, msg_type: str, content: dict[str, Any]) -> None:
+def test_every_request_is_bracketed_and_answered(
+    rig: Rig, channel: str, msg_type: str, content: dict[str, Any]
+) -> None:
     msg_id = rig.client.send(channel, msg_type, content)
     reply = rig.client.reply(channel, msg_id)
     assert reply["msg_type"] == msg_type.replace("_request", "_reply")
@@ -304,7 +315,8 @@ def test_shell_type_on_control_is_not_run(rig: Rig) -> None:
 def test_a_failing_job_gets_an_error_reply_and_idle_and_the_channel_serves_on(rig: Rig, code: str, ename: str) -> None:
     msg_id = rig.client.send("shell", "execute_request", {"code": code})
     reply = rig.client.reply("shell", msg_id)
-    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == ename
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == ename
     assert "execution_count" in reply["content"]
     assert states(rig.client.iopub_of(msg_id)) == ["busy", "idle"]
     msg_id = rig.client.send("shell", "execute_request", {"code": "after"})
@@ -319,7 +331,8 @@ def test_interrupted_comm_handler_and_comm_info_at_shutdown_keep_the_run(rig: Ri
     rig.user_run.refuse = True
     msg_id = rig.client.send("shell", "comm_info_request", {})
     reply = rig.client.reply("shell", msg_id)
-    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KernelShuttingDown"
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KernelShuttingDown"
     assert states(rig.client.iopub_of(msg_id)) == ["busy", "idle"]
     rig.user_run.refuse = False
     msg_id = rig.client.send("control", "kernel_info_request")
@@ -379,7 +392,8 @@ def test_abort_window_uses_the_clients_clock_not_the_kernels(rig: Rig) -> None:
     assert c.reply("shell", late_but_sent_before)["content"]["ename"] == "ExecutionAborted"
     after = c.send("shell", "execute_request", {"code": "after"}, date=dated(60))
     assert c.reply("shell", after)["content"]["status"] == "ok"
-    assert "late" not in rig.jobs.ran and "after" in rig.jobs.ran
+    assert "late" not in rig.jobs.ran
+    assert "after" in rig.jobs.ran
 
 
 def test_two_inputs_at_once_each_get_their_own_answer(rig: Rig) -> None:
@@ -389,10 +403,12 @@ def test_two_inputs_at_once_each_get_their_own_answer(rig: Rig) -> None:
     ids.append(second.send("shell", "execute_request", {"code": "input B", "allow_stdin": True}))
     # sequential lane: A asks first; answer it, then B asks
     req_a = c.recv("stdin")
-    assert req_a is not None and req_a["content"]["prompt"] == "input A"
+    assert req_a is not None
+    assert req_a["content"]["prompt"] == "input A"
     c.session.send(c.socks["stdin"], c.session.msg("input_reply", {"value": "a"}, parent=req_a))
     req_b = second.recv("stdin")
-    assert req_b is not None and req_b["content"]["prompt"] == "input B"
+    assert req_b is not None
+    assert req_b["content"]["prompt"] == "input B"
     second.session.send(second.socks["stdin"], second.session.msg("input_reply", {"value": "b"}, parent=req_b))
     c.reply("shell", ids[0])
     second.reply("shell", ids[1])

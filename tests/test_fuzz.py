@@ -13,8 +13,13 @@ heartbeat bytes ...) sent from raw pyzmq peers. After every burst:
 - a new IOPub subscriber gets its iopub_welcome within 1 s;
 - the well-behaved client (a schema-validating jupyter_client client) read
   every IOPub message the kernel sent meanwhile, each one valid;
-- RSS stays within RSS_SLACK of the baseline (bounded; the issue's "a few
-  MiB" is not met yet, see docs/robustness.md).
+- RSS returns (within SETTLE_SECONDS) to within RSS_SLACK plus
+  RSS_PER_MESSAGE per message sent of the baseline,
+  taken after a warm-up that
+  completes and inspects every code snippet the fuzzer uses (jedi's caches
+  are ~50 MiB, once). The accepted cells are kept by IPython; the
+  issue's "within a few MiB" for dropped input alone is asserted by
+  test_fuzz_regressions.py's plateau test (docs/robustness.md).
 
 Derandomized (a failure reproduces: hypothesis prints the steps) and
 bounded to about a minute: FUZZ_EXAMPLES examples of FUZZ_STEPS bursts, and
@@ -28,13 +33,13 @@ import os
 import random
 import sys
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import psutil
 import pytest
 import zmq
 from conftest import execute, start_kernel, stop_kernel
-from fuzzer import HEAVY, KINDS, Fuzzer, Peers, generate, load_connection
+from fuzzer import HEAVY, KINDS, SAFE_CODE, Fuzzer, Peers, generate, load_connection
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
@@ -44,12 +49,20 @@ pytestmark = pytest.mark.timeout(240)
 FUZZ_EXAMPLES = int(os.environ.get("TRIKERNEL_FUZZ_EXAMPLES", "30"))
 FUZZ_STEPS = int(os.environ.get("TRIKERNEL_FUZZ_STEPS", "25"))
 FUZZ_BUDGET = float(os.environ.get("TRIKERNEL_FUZZ_BUDGET", "45"))
-#: RSS growth allowed over the baseline, bytes. The bursts mix accepted
-#: requests (cells IPython keeps, as any IPython kernel does) with dropped
-#: ones; that dropped input returns to a plateau of a few MiB is checked on
-#: its own in test_fuzz_regressions.py (docs/robustness.md, "Memory of
-#: dropped input").
-RSS_SLACK = 128 << 20
+#: RSS growth allowed over the baseline (taken after a warm-up), bytes. The
+#: bursts mix accepted requests (cells, history and comms IPython keeps, as
+#: any IPython kernel does: 0.3-1 MiB per 100) with dropped ones; that
+#: dropped input returns to a plateau of a few MiB is checked on its own in
+#: test_fuzz_regressions.py (docs/robustness.md, "Memory of dropped input").
+RSS_SLACK = 32 << 20
+#: ... plus this many bytes per message sent: what an accepted request keeps
+#: (a cell in history and Out, a comm) measured 3-10 KiB; the fuzzer sends
+#: 2,000-6,000 messages in its budget, depending on the machine's speed.
+RSS_PER_MESSAGE = 8 << 10
+#: Seconds RSS is given to come back under the bound after a burst: the
+#: kernel returns freed heap at most once a second (heap.MIN_INTERVAL), so
+#: right after a burst of large frames it can still be high.
+SETTLE_SECONDS = 2.5
 
 
 class Shared:
@@ -57,7 +70,7 @@ class Shared:
 
     km: Any = None
     kc: Any = None
-    conn: dict[str, Any] = {}
+    conn: ClassVar[dict[str, Any]] = {}
     peers: Peers | None = None
     baseline = 0
     deadline = 0.0
@@ -136,15 +149,21 @@ class KernelFuzz(RuleBasedStateMachine):
     @initialize()
     def baseline(self) -> None:
         if not Shared.baseline:
-            # warm up what the first complete/inspect/history/comm request loads
+            # warm up what the first requests load, so growth measures the
+            # fuzz, not one-time caches: completing the fuzzer's code snippets
+            # costs jedi ~50 MiB of stubs and caches once (ipykernel alike;
+            # measured), a first traceback loads stack_data
             kc = Shared.kc
-            for send in (
-                lambda: kc.complete("import o", 8),
-                lambda: kc.inspect("print", 5),
+            sends: list[Any] = [
                 lambda: kc.history(hist_access_type="tail", n=3),
                 lambda: kc.is_complete("x = ("),
                 lambda: kc.comm_info(),
-            ):
+                lambda: kc.execute("1/0"),
+            ]
+            for code in SAFE_CODE:
+                sends.append(lambda code=code: kc.complete(code, len(code)))
+                sends.append(lambda code=code: kc.inspect(code, len(code), 1))
+            for send in sends:
                 msg_id = send()
                 while kc.get_shell_msg(timeout=30)["parent_header"].get("msg_id") != msg_id:
                     pass
@@ -166,7 +185,10 @@ class KernelFuzz(RuleBasedStateMachine):
         Shared.last = f"{min(n, 2) if kind in HEAVY else n} x {kind}"
         peers.drain(10)
 
-    @rule(kinds=st.lists(st.sampled_from(sorted(set(KINDS) - HEAVY)), min_size=2, max_size=6), seed=st.integers(0, 2**32 - 1))
+    @rule(
+        kinds=st.lists(st.sampled_from(sorted(set(KINDS) - HEAVY)), min_size=2, max_size=6),
+        seed=st.integers(0, 2**32 - 1),
+    )
     def mixed_burst(self, kinds: list[str], seed: int) -> None:
         if time.monotonic() > Shared.deadline:
             return
@@ -201,15 +223,31 @@ class KernelFuzz(RuleBasedStateMachine):
         Shared.peers.drain(0)
         within(1.0, lambda: control_kernel_info(kc))
         reply, out = within(1.0, lambda: execute(kc, "1+1", timeout=2))
+        if reply["content"].get("ename") in ("KeyboardInterrupt", "ExecutionAborted"):
+            # The fuzzer's own valid input reached this cell, correctly: an
+            # interrupt_request it sent while the kernel was idle lands at the
+            # next checkpoint (trio), or a failing stop_on_error execute of its
+            # own aborted this one. The barrier orders only kc's connection:
+            # the ROUTER fair-queues connections, so a fuzz request sent before
+            # it can still be read after it. Ask again.
+            reply, out = within(1.0, lambda: execute(kc, "1+1", timeout=2))
         assert reply["content"]["status"] == "ok", reply["content"]
         assert [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"] == ["2"]
         welcome(Shared.conn, self.ctx)
         if Shared.baseline:
-            growth = psutil.Process(km.provisioner.pid).memory_info().rss - Shared.baseline
+            proc = psutil.Process(km.provisioner.pid)
+            growth = proc.memory_info().rss - Shared.baseline
+            settle = time.monotonic() + SETTLE_SECONDS
+            bound = RSS_SLACK + RSS_PER_MESSAGE * Shared.sent
+            while growth >= bound and time.monotonic() < settle:
+                time.sleep(0.1)  # the kernel trims the heap at most once a second (heap.py)
+                growth = proc.memory_info().rss - Shared.baseline
             if growth > Shared.max_growth + (4 << 20):
-                print(f"fuzz: RSS +{growth / 2**20:.1f} MiB after burst {Shared.bursts} ({Shared.last})", file=sys.stderr)
+                print(
+                    f"fuzz: RSS +{growth / 2**20:.1f} MiB after burst {Shared.bursts} ({Shared.last})", file=sys.stderr
+                )
             Shared.max_growth = max(Shared.max_growth, growth)
-            assert growth < RSS_SLACK, f"RSS grew by {growth / 2**20:.1f} MiB"
+            assert growth < bound, f"RSS grew by {growth / 2**20:.1f} MiB after {Shared.sent} messages"
 
 
 @pytest.fixture

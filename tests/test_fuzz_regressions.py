@@ -80,8 +80,9 @@ class Peer:
             raise TimeoutError("no reply")
         frames = self.sock.recv_multipart()
         i = frames.index(DELIM)
-        return {k: json.loads(frames[i + 2 + n]) for n, k in enumerate(("header", "parent_header", "metadata", "content"))}
-
+        return {
+            k: json.loads(frames[i + 2 + n]) for n, k in enumerate(("header", "parent_header", "metadata", "content"))
+        }
 
 
 def assert_serving(km: Any, kc: Any) -> None:
@@ -244,9 +245,7 @@ def test_bad_input_log_is_bounded_and_never_shows_secrets(jupyter_path, tmp_path
     neither the HMAC key nor the CurveZMQ secret key appears in the log."""
     log_path = tmp_path / "kernel.log"
     with open(log_path, "w", encoding="utf-8") as err:
-        km, kc = start_kernel(
-            "trikernel-test-signal", stderr=err, transport_encryption="required"
-        )
+        km, kc = start_kernel("trikernel-test-signal", stderr=err, transport_encryption="required")
         conn = conn_of(km)
         ctx = zmq.Context()
         try:

@@ -19,6 +19,7 @@ reads ``~/.ssh`` (HOME is the test's directory there).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -126,10 +127,8 @@ def remote_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteHost
             sshd.wait(timeout=30)
         # anything still running in the namespace is ours (a kernel the test failed to stop)
         for pid in _run("ip", "netns", "pids", netns, check=False).stdout.split():
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 psutil.Process(int(pid)).kill()
-            except psutil.NoSuchProcess:
-                pass
         _run("ip", "netns", "del", netns, check=False)  # removes the veth pair too
 
 

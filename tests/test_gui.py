@@ -194,7 +194,7 @@ def qt_kernel(request, jupyter_path) -> Iterator[tuple[KernelManager, Validating
 
 @needs_tk
 def test_tk_callbacks_and_nursery_tasks_run_while_idle(tk_kernel):
-    km, kc = tk_kernel
+    _km, kc = tk_kernel
     ok(kc, "%gui tk")
     ok(kc, "assert guestrun.current().host.name == 'tk' and get_ipython().active_eventloop == 'tk'")
     msg_id = kc.execute(
@@ -230,7 +230,7 @@ def test_tk_hosted_cell_prints_and_is_interrupted(tk_kernel, body):
 
 @needs_tk
 def test_tk_callbacks_may_call_trio_and_quit_does_not_stop_the_host(tk_kernel):
-    km, kc = tk_kernel
+    _km, kc = tk_kernel
     ok(kc, "%gui tk")
     ok(
         kc,
@@ -248,7 +248,7 @@ def test_tk_callbacks_may_call_trio_and_quit_does_not_stop_the_host(tk_kernel):
 
 @needs_tk
 def test_tk_hosted_input(tk_kernel):
-    km, kc = tk_kernel
+    _km, kc = tk_kernel
     ok(kc, "%gui tk")
     msg_id = kc.execute("name = input('name? ')\nprint('got', name)", allow_stdin=True)
     req = kc.get_stdin_msg(timeout=TIMEOUT)
@@ -260,7 +260,7 @@ def test_tk_hosted_input(tk_kernel):
 
 @needs_tk
 def test_gui_off_returns_to_the_plain_run(tk_kernel):
-    km, kc = tk_kernel
+    _km, kc = tk_kernel
     ok(kc, "%gui tk")
     ok(kc, "%gui")
     _, out = ok(
@@ -303,7 +303,7 @@ def check_matplotlib_redraws_between_cells(kc: ValidatingClient, gui: str) -> No
 
 @needs_tk
 def test_subshells_run_while_tk_hosts_the_main_run_and_refuse_gui(tk_kernel):
-    km, kc = tk_kernel
+    _km, kc = tk_kernel
     ok(kc, "%gui tk")
     create = kc.session.msg("create_subshell_request", {})
     kc.control_channel.send(create)
@@ -369,7 +369,7 @@ def test_shutdown_while_tk_hosts_the_run(jupyter_path, xvfb_display, tmp_path):
 
 @needs_qt
 def test_qt_timers_and_nursery_tasks_run_while_idle(qt_kernel):
-    km, kc = qt_kernel
+    _km, kc = qt_kernel
     ok(kc, "%gui qt")
     ok(kc, "assert guestrun.current().host.name == 'qt' and get_ipython().active_eventloop == 'qt'")
     msg_id = kc.execute(
@@ -407,7 +407,7 @@ def test_qt_hosted_cell_prints_and_is_interrupted(qt_kernel, body):
 def test_qt_quit_does_not_stop_the_host(qt_kernel):
     # QCoreApplication.exit() (a Quit action) makes Qt refuse to start event
     # loops until exec() runs again; the host keeps the run going regardless
-    km, kc = qt_kernel
+    _km, kc = qt_kernel
     ok(kc, "%gui qt")
     ok(kc, "from IPython.external.qt_for_kernel import QtCore, QtGui\nQtGui.QApplication.instance().exit(0)")
     msg_id = kc.execute("QtCore.QTimer.singleShot(50, lambda: print('AFTER QUIT', flush=True))")
@@ -419,7 +419,7 @@ def test_qt_quit_does_not_stop_the_host(qt_kernel):
 
 @needs_qt
 def test_qt_gui_off_returns_to_the_plain_run(qt_kernel):
-    km, kc = qt_kernel
+    _km, kc = qt_kernel
     ok(kc, "%gui qt")
     ok(kc, "%gui")
     _, out = ok(kc, "n = len(ticks)\nawait trio.sleep(0.2)\nprint(guestrun.current().host, len(ticks) > n)")

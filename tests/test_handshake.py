@@ -18,10 +18,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import zmq
@@ -45,6 +44,9 @@ from trikernel.handshake import (
     register,
 )
 from trikernel.wire import DELIM, Signer
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 KEY = b"a0436f6c-1916-498b-8eb9-e81ab9368e84"
 PORTS = {"shell_port": 50001, "iopub_port": 50002, "stdin_port": 50003, "control_port": 50004, "hb_port": 50005}
@@ -108,7 +110,7 @@ def test_bind_ip_precedence() -> None:
     assert bind_ip({"registration_ip": "10.0.0.2"}) == "10.0.0.2"
     assert bind_ip({"ip": "", "registration_ip": "10.0.0.2"}) == "10.0.0.2"
     assert bind_ip({}) == "127.0.0.1"
-    with pytest.raises(ConfigError, match="^ip:"):
+    with pytest.raises(ConfigError, match=r"^ip:"):
         bind_ip({"ip": 5})
 
 
@@ -157,7 +159,7 @@ def test_parse_registration_errors_name_the_field(patch: dict[str, Any], field_n
 
 
 def test_parse_registration_requires_registration_port() -> None:
-    with pytest.raises(ConfigError, match="^registration_port:"):
+    with pytest.raises(ConfigError, match=r"^registration_port:"):
         parse_registration({"ip": "127.0.0.1", "key": ""})
 
 
@@ -174,7 +176,8 @@ def test_parse_registration_curve_keys() -> None:
 
 def test_j_registration_shape_and_hmac_over_content_only() -> None:
     frames = build_registration_j("kid-1", PORTS, signer())
-    assert frames[0] == DELIM and len(frames) == 3
+    assert frames[0] == DELIM
+    assert len(frames) == 3
     content = json.loads(frames[2])
     assert content["kernel_id"] == "kid-1"
     assert {k: content[k] for k in PORT_NAMES} == {k: str(v) for k, v in PORTS.items()}
@@ -185,14 +188,18 @@ def test_j_round_trip_through_router_prefix() -> None:
     frames = [b"\x00ident", *build_registration_j("kid-1", PORTS, signer())]
     prefix, reg = parse_registration_frames(frames, signer())
     assert prefix == [b"\x00ident"]
-    assert reg.dialect is Dialect.J and reg.kernel_id == "kid-1" and reg.ports == PORTS
+    assert reg.dialect is Dialect.J
+    assert reg.kernel_id == "kid-1"
+    assert reg.ports == PORTS
 
 
 def test_p_round_trip_with_req_envelope() -> None:
     frames = [b"\x00ident", b"", *build_request_p(PORTS, signer())]
     prefix, reg = parse_registration_frames(frames, signer())
     assert prefix == [b"\x00ident", b""]
-    assert reg.dialect is Dialect.P and reg.ports == PORTS and reg.kernel_id is None
+    assert reg.dialect is Dialect.P
+    assert reg.ports == PORTS
+    assert reg.kernel_id is None
     header = reg.request_header
     assert header["msg_type"] == "handshake_request"
     for key in ("msg_id", "session", "username", "date", "version"):
@@ -222,7 +229,7 @@ def test_ack_j_forms() -> None:
     assert parse_ack(build_ack_j(s), signer(), Dialect.J) == {"status": "ok"}
     xeus_ack = [DELIM, s.sign([b"ACK"]), b"ACK"]  # what xeus's launcher sends
     assert parse_ack(xeus_ack, signer(), Dialect.J) == {}
-    with pytest.raises(HandshakeError, match="refused.*wrong id"):
+    with pytest.raises(HandshakeError, match=r"refused.*wrong id"):
         parse_ack(build_ack_j(s, error="wrong id"), signer(), Dialect.J)
     with pytest.raises(HandshakeError, match="signature"):
         parse_ack(build_ack_j(signer(b"evil")), signer(), Dialect.J)
@@ -249,7 +256,8 @@ def test_unsigned_connection_accepts_unsigned_ack() -> None:
 def test_build_registration_p_is_req_compatible() -> None:
     info = parse_registration(reg_file_p(5555))
     frames = build_registration(info, PORTS, signer())
-    assert frames[0] == b"" and frames[1] == DELIM
+    assert frames[0] == b""
+    assert frames[1] == DELIM
 
 
 # ---------------------------------------------------------------------------

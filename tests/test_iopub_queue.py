@@ -20,18 +20,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
 import zmq
 
-from trikernel.iopub import IO_OVERDRAFT, IOPubTask, IOPubQueue, IOPubStats
+from trikernel.iopub import IO_OVERDRAFT, IOPubQueue, IOPubStats, IOPubTask
 from trikernel.messages import MessageBuilder as Session
 from trikernel.wire import Message, Signer, deserialize
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -142,7 +144,11 @@ class Reader:
         self.msgs.append(deserialize(frames, self.signer))
         return True
 
-    async def read_until(self, pred: Callable[[list[Message]], bool], timeout: float) -> None:
+    async def read_until(
+        self,
+        pred: Callable[[list[Message]], bool],
+        timeout: float,  # noqa: ASYNC109 - the deadline is part of the assertion it makes
+    ) -> None:
         with trio.move_on_after(timeout):
             while not pred(self.msgs):
                 if not self.poll_once():
@@ -215,7 +221,8 @@ def test_coalescing_and_what_seals_a_batch(rig_factory: Any) -> None:
             ("stdout", "e", "p1"),
             ("stdout", "fg", "p2"),
         ]
-        assert rig.stats.stream_writes == 7 and rig.stats.stream_messages == 5
+        assert rig.stats.stream_writes == 7
+        assert rig.stats.stream_messages == 5
 
     trio.run(main)
 
@@ -394,7 +401,8 @@ def test_backpressure_blocks_producers_at_capacity(rig_factory: Any) -> None:
     th.start()  # the publisher is not running: nobody takes messages out
     time.sleep(0.5)
     assert not done.is_set()
-    assert progress == list(range(cap)) and len(rig.queue) == cap
+    assert progress == list(range(cap))
+    assert len(rig.queue) == cap
     assert rig.stats.producer_blocks == 1
 
     # an open stream batch still takes text without a credit (no block)
@@ -403,7 +411,8 @@ def test_backpressure_blocks_producers_at_capacity(rig_factory: Any) -> None:
     t0 = time.monotonic()
     for _ in range(1000):
         rig2.queue.write_stream("stdout", "b", {})
-    assert time.monotonic() - t0 < 1 and len(rig2.queue) == 1
+    assert time.monotonic() - t0 < 1
+    assert len(rig2.queue) == 1
 
     async def main() -> None:
         r = Reader(sub)
@@ -487,7 +496,8 @@ def test_nodrop_waits_for_slow_subscriber_without_loss(rig_factory: Any) -> None
 
             nursery.start_soon(produce)
             await trio.sleep(1.5)  # subscriber not reading: its pipe fills, sends wait
-            assert rig.stats.waits > 0 and rig.stats.sent < n
+            assert rig.stats.waits > 0
+            assert rig.stats.sent < n
             await r.read_until(count_is(n), 20)
         assert [int(m.content["data"]["text/plain"]) for m in r.non_welcome()] == list(range(n))
         assert rig.stats.fallback_drops == 0
@@ -517,7 +527,8 @@ def test_stuck_subscriber_falls_back_live_one_gets_all(rig_factory: Any, caplog:
             await rl.read_until(count_is(n), 30)
             elapsed = time.monotonic() - t0
         assert [int(m.content["data"]["text/plain"]) for m in rl.non_welcome()] == list(range(n))
-        assert rig.stats.fallback_drops >= 1 and rig.stats.waits >= 1
+        assert rig.stats.fallback_drops >= 1
+        assert rig.stats.waits >= 1
         assert elapsed < 20
         text = caplog.text
         assert "a subscriber is not reading" in text

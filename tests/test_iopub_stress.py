@@ -27,17 +27,20 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
 import zmq
 from conftest import TIMEOUT, ValidatingClient, execute, make_kernelspec, start_kernel, stdout_of
-from jupyter_client.manager import KernelManager
 from jupyter_client.session import Session
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from jupyter_client.manager import KernelManager
 
 TRIALS = 10  # fresh kernels per burst scenario
 WIDGET_BURST = (
@@ -178,14 +181,17 @@ def magic_stats(kc: ValidatingClient) -> dict[str, str]:
 def assert_request_order(msgs: list[dict[str, Any]], *, execute_request: bool = True) -> None:
     """busy first, execute_input second, idle last, outputs in between."""
     t = [m["msg_type"] for m in msgs]
-    assert t[0] == "status" and msgs[0]["content"]["execution_state"] == "busy", t[:3]
-    assert t[-1] == "status" and msgs[-1]["content"]["execution_state"] == "idle", t[-3:]
+    assert t[0] == "status", t[:3]
+    assert msgs[0]["content"]["execution_state"] == "busy", t[:3]
+    assert t[-1] == "status", t[-3:]
+    assert msgs[-1]["content"]["execution_state"] == "idle", t[-3:]
     if execute_request:
         assert t[1] == "execute_input", t[:3]
         middle = t[2:-1]
     else:
         middle = t[1:-1]
-    assert "status" not in middle and "execute_input" not in middle
+    assert "status" not in middle
+    assert "execute_input" not in middle
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +217,7 @@ def specs(jupyter_path: str) -> dict[str, str]:
 def run_widget_burst_trials(started: Any, encryption: str) -> None:
     losses = []
     times = []
-    for trial in range(TRIALS):
+    for _trial in range(TRIALS):
         k = started("trikernel", transport_encryption=encryption)
         info = k.km.get_connection_info()
         with open(k.km.connection_file, encoding="utf-8") as f:
@@ -219,12 +225,15 @@ def run_widget_burst_trials(started: Any, encryption: str) -> None:
         if encryption == "required":
             # jupyter_client 8.10 provisioned CurveZMQ keys, and the kernel got them
             pub, sec = info["curve_publickey"], info["curve_secretkey"]
-            assert len(pub) == 40 and len(sec) == 40
+            assert len(pub) == 40
+            assert len(sec) == 40
             pub, sec = (x.encode() if isinstance(x, str) else x for x in (pub, sec))
             assert zmq.curve_public(sec) == pub
-            assert on_disk["curve_publickey"] == pub.decode() and on_disk["curve_secretkey"] == sec.decode()
+            assert on_disk["curve_publickey"] == pub.decode()
+            assert on_disk["curve_secretkey"] == sec.decode()
         else:
-            assert "curve_publickey" not in on_disk and info.get("curve_publickey") is None
+            assert "curve_publickey" not in on_disk
+            assert info.get("curve_publickey") is None
         t0 = time.monotonic()
         msg_id = k.kc.execute(WIDGET_BURST)
         c = collect(k.kc, msg_id, 60)
@@ -268,7 +277,7 @@ def test_create_comm_burst_without_ipywidgets(started: Any) -> None:
     n = 3000
     code = f"import comm\nfor i in range({n}):\n    comm.create_comm(target_name='trikernel.test', data={{'i': i}})"
     losses = []
-    for trial in range(TRIALS):
+    for _trial in range(TRIALS):
         k = started("trikernel", transport_encryption="required")
         msg_id = k.kc.execute(code)
         c = collect(k.kc, msg_id, 60)
@@ -463,7 +472,8 @@ def test_stuck_subscriber_reader_gets_every_message(stuck_scenario: StuckResult)
         {"comm_open": n - len(got), "idle": int(not r.collected.idle)},
     )
     assert got == list(range(n))
-    assert r.collected.idle and len(r.collected.msgs) == n + 3
+    assert r.collected.idle
+    assert len(r.collected.msgs) == n + 3
     assert_request_order(r.collected.msgs)
     assert r.reply["content"]["status"] == "ok"
     assert r.stuck_received < n  # the stuck one really was stuck: it lost messages
@@ -498,7 +508,8 @@ def test_magic_shows_fallback_drops(stuck_scenario: StuckResult) -> None:
     ):
         assert name in s, name
     assert int(s["fallback_drops"]) > 0
-    assert int(s["waits"]) > 0 and float(s["max_wait"]) >= 2.0
+    assert int(s["waits"]) > 0
+    assert float(s["max_wait"]) >= 2.0
     assert int(s["sent"]) >= 20003
     assert int(s["welcomes"]) >= 2
 
@@ -555,7 +566,8 @@ def test_memory_bounded_message_flood(patient_kernel: Running) -> None:
         f"(+{growth:.1f} MiB, bound {MEM_BOUND_MESSAGES_MB}); producer_blocks={stats['producer_blocks']}"
     )
     loss_report("memory: message flood, 10 s stall", {"display_data": total - len(got), "idle": int(not c.idle)})
-    assert c.idle and got == list(range(total))
+    assert c.idle
+    assert got == list(range(total))
     assert int(stats["producer_blocks"]) > 0  # the stall reached the producer: backpressure
     assert growth < MEM_BOUND_MESSAGES_MB
 
@@ -601,7 +613,10 @@ def test_order_for_every_request(kernel: tuple[KernelManager, ValidatingClient])
         "1/0"
     )
     flood = "for i in range(100000):\n    print(i)\n    if i == 50000: display({'text/plain': 'mid'}, raw=True)\n'end'"
-    burst = "import comm\nfor i in range(2000):\n    comm.create_comm(target_name='trikernel.order', data={'i': i}).close()\nprint('x')"
+    burst = (
+        "import comm\nfor i in range(2000):\n"
+        "    comm.create_comm(target_name='trikernel.order', data={'i': i}).close()\nprint('x')"
+    )
     codes = [mixed, flood, burst, "print('last')"]
     # all sent at once: requests queue up in the kernel (stop_on_error off so
     # the failing first cell does not abort the others)
@@ -642,7 +657,8 @@ def test_order_for_every_request(kernel: tuple[KernelManager, ValidatingClient])
     ]
     f = by_parent[ids[1]]
     types = [x["msg_type"] for x in f[2:-1]]
-    assert types.count("display_data") == 1 and types[-1] == "execute_result"
+    assert types.count("display_data") == 1
+    assert types[-1] == "execute_result"
     cut = types.index("display_data")
     before = "".join(x["content"]["text"] for x in f[2 : 2 + cut])
     after = "".join(x["content"]["text"] for x in f[3 + cut : -2])

@@ -16,42 +16,52 @@ def types(outputs):
 
 
 def test_iopub_order_busy_input_outputs_idle(kernel):
-    km, kc = kernel
-    reply, out = execute(kc, "print('a')\nfrom IPython.display import display\ndisplay({'text/plain': 'b'}, raw=True)\n3")
+    _km, kc = kernel
+    reply, out = execute(
+        kc, "print('a')\nfrom IPython.display import display\ndisplay({'text/plain': 'b'}, raw=True)\n3"
+    )
     assert reply["content"]["status"] == "ok"
     t = types(out)
-    assert t[0] == "status" and out[0]["content"]["execution_state"] == "busy"
+    assert t[0] == "status"
+    assert out[0]["content"]["execution_state"] == "busy"
     assert t[1] == "execute_input"
-    assert t[-1] == "status" and out[-1]["content"]["execution_state"] == "idle"
+    assert t[-1] == "status"
+    assert out[-1]["content"]["execution_state"] == "idle"
     assert t[2:-1] == ["stream", "display_data", "execute_result"]
 
 
 def test_silent_store_history_and_user_expressions(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     r1, _ = execute(kc, "x = 41")
     n = r1["content"]["execution_count"]
-    r2, out = execute(kc, "x + 1", silent=True)
-    assert "execute_input" not in types(out) and "execute_result" not in types(out)
-    r3, _ = execute(kc, "y = 1", store_history=False)
+    _r2, out = execute(kc, "x + 1", silent=True)
+    assert "execute_input" not in types(out)
+    assert "execute_result" not in types(out)
+    _r3, _ = execute(kc, "y = 1", store_history=False)
     r4, _ = execute(kc, "x", user_expressions={"double": "x * 2", "bad": "1/0"})
     assert r4["content"]["execution_count"] == n + 1  # silent and store_history=False did not count
     ue = r4["content"]["user_expressions"]
-    assert ue["double"]["status"] == "ok" and ue["double"]["data"]["text/plain"] == "82"
-    assert ue["bad"]["status"] == "error" and ue["bad"]["ename"] == "ZeroDivisionError"
+    assert ue["double"]["status"] == "ok"
+    assert ue["double"]["data"]["text/plain"] == "82"
+    assert ue["bad"]["status"] == "error"
+    assert ue["bad"]["ename"] == "ZeroDivisionError"
 
 
 def test_error_reply_and_traceback(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     reply, out = execute(kc, "def f():\n    raise ValueError('boom')\nf()")
     c = reply["content"]
-    assert c["status"] == "error" and c["ename"] == "ValueError" and c["evalue"] == "boom"
+    assert c["status"] == "error"
+    assert c["ename"] == "ValueError"
+    assert c["evalue"] == "boom"
     assert any("boom" in line for line in c["traceback"])
     errs = [m for m in out if m["msg_type"] == "error"]
-    assert len(errs) == 1 and errs[0]["content"]["ename"] == "ValueError"
+    assert len(errs) == 1
+    assert errs[0]["content"]["ename"] == "ValueError"
 
 
 def test_stop_on_error_aborts_queued_requests(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     first = kc.execute("import time; time.sleep(0.5); 1/0")
     second = kc.execute("print('must not run')")
     third = kc.execute("print('must not run either')")
@@ -62,15 +72,17 @@ def test_stop_on_error_aborts_queued_requests(kernel):
         replies[r["parent_header"]["msg_id"]] = r
     assert replies[first]["content"]["status"] == "error"
     for r in (replies[second], replies[third]):
-        assert r["content"]["status"] == "error" and r["content"]["ename"] == "ExecutionAborted"
+        assert r["content"]["status"] == "error"
+        assert r["content"]["ename"] == "ExecutionAborted"
         assert r["metadata"]["status"] == "aborted"
     # and the kernel serves normally afterwards
     reply, out = execute(kc, "print('after')")
-    assert reply["content"]["status"] == "ok" and stdout_of(out) == "after\n"
+    assert reply["content"]["status"] == "ok"
+    assert stdout_of(out) == "after\n"
 
 
 def test_stop_on_error_false_runs_queued(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     first = kc.execute("1/0", stop_on_error=False)
     second = kc.execute("'ran'")
     seen = {}
@@ -81,7 +93,7 @@ def test_stop_on_error_false_runs_queued(kernel):
 
 
 def test_input_request_and_reply(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     msg_id = kc.execute("name = input('who? ')\nprint('hi', name)", allow_stdin=True)
     req = kc.get_stdin_msg(timeout=TIMEOUT)
     assert req["msg_type"] == "input_request"
@@ -96,7 +108,7 @@ def test_input_request_and_reply(kernel):
 
 
 def test_getpass_is_password_request(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     msg_id = kc.execute("import getpass; s = getpass.getpass('pw: ')\nlen(s)", allow_stdin=True)
     req = kc.get_stdin_msg(timeout=TIMEOUT)
     assert req["content"]["password"] is True
@@ -109,15 +121,15 @@ def test_getpass_is_password_request(kernel):
 
 
 def test_input_without_allow_stdin_errors(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     reply, _ = execute(kc, "input()", allow_stdin=False)
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "StdinNotImplementedError"
 
 
 def test_output_from_thread_goes_to_its_cell(kernel):
-    km, kc = kernel
-    reply, out = execute(
+    _km, kc = kernel
+    _reply, out = execute(
         kc,
         "import threading\nt = threading.Thread(target=lambda: print('from thread'))\nt.start(); t.join()",
     )
@@ -125,24 +137,26 @@ def test_output_from_thread_goes_to_its_cell(kernel):
 
 
 def test_update_display_and_clear_output(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     code = (
         "from IPython.display import display, clear_output\n"
         "h = display({'text/plain': 'one'}, raw=True, display_id=True)\n"
         "h.update({'text/plain': 'two'}, raw=True)\n"
         "clear_output(wait=True)\n"
     )
-    reply, out = execute(kc, code)
+    _reply, out = execute(kc, code)
     t = types(out)
-    assert "display_data" in t and "update_display_data" in t and "clear_output" in t
-    upd = [m for m in out if m["msg_type"] == "update_display_data"][0]
-    disp = [m for m in out if m["msg_type"] == "display_data"][0]
+    assert "display_data" in t
+    assert "update_display_data" in t
+    assert "clear_output" in t
+    upd = next(m for m in out if m["msg_type"] == "update_display_data")
+    disp = next(m for m in out if m["msg_type"] == "display_data")
     assert upd["content"]["transient"]["display_id"] == disp["content"]["transient"]["display_id"]
-    assert [m for m in out if m["msg_type"] == "clear_output"][0]["content"]["wait"] is True
+    assert next(m for m in out if m["msg_type"] == "clear_output")["content"]["wait"] is True
 
 
 def test_magics_and_matplotlib_inline(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     reply, out = execute(kc, "%load_ext autoreload\n%who_ls")
     assert reply["content"]["status"] == "ok"
     pytest.importorskip("matplotlib")
@@ -155,7 +169,7 @@ def test_magics_and_matplotlib_inline(kernel):
 
 
 def test_kernel_info_on_control(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     msg = kc.session.msg("kernel_info_request")
     kc.control_channel.send(msg)
     reply = kc.get_control_msg(timeout=TIMEOUT)
@@ -183,30 +197,33 @@ def test_two_clients_each_get_a_welcome(kernel):
 
 
 def test_complete_inspect_is_complete_history(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     execute(kc, "some_unique_name_for_test = 5")
     kc.complete("some_unique_na")
     r = kc.get_shell_msg(timeout=TIMEOUT)
     assert "some_unique_name_for_test" in r["content"]["matches"]
     kc.inspect("len", 3)
     r = kc.get_shell_msg(timeout=TIMEOUT)
-    assert r["content"]["found"] and "text/plain" in r["content"]["data"]
+    assert r["content"]["found"]
+    assert "text/plain" in r["content"]["data"]
     kc.is_complete("for i in range(3):")
     r = kc.get_shell_msg(timeout=TIMEOUT)
-    assert r["content"]["status"] == "incomplete" and r["content"]["indent"] == "    "
+    assert r["content"]["status"] == "incomplete"
+    assert r["content"]["indent"] == "    "
     kc.history(hist_access_type="search", pattern="some_unique_name*", output=False, raw=True)
     r = kc.get_shell_msg(timeout=TIMEOUT)
     assert any("some_unique_name_for_test = 5" in h[2] for h in r["content"]["history"])
 
 
 def test_comms_both_ways(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     setup = (
         "import comm\n"
         "received = []\n"
         "def target(c, open_msg):\n"
         "    received.append(('open', open_msg['content']['data']))\n"
-        "    c.on_msg(lambda m: (received.append(('msg', m['content']['data'])), c.send({'echo': m['content']['data']})))\n"
+        "    c.on_msg(lambda m: (received.append(('msg', m['content']['data'])),"
+        " c.send({'echo': m['content']['data']})))\n"
         "comm.get_comm_manager().register_target('t1', target)\n"
     )
     execute(kc, setup)
@@ -220,37 +237,46 @@ def test_comms_both_ways(kernel):
     kc.shell_channel.send(msg)
     out = collect_outputs(kc, msg["header"]["msg_id"])
     echoes = [m for m in out if m["msg_type"] == "comm_msg"]
-    assert echoes and echoes[0]["content"]["data"] == {"echo": {"ping": 2}}
+    assert echoes
+    assert echoes[0]["content"]["data"] == {"echo": {"ping": 2}}
     info = kc.session.msg("comm_info_request", {"target_name": "t1"})
     kc.shell_channel.send(info)
     r = kc.get_shell_msg(timeout=TIMEOUT)
-    assert r["msg_type"] == "comm_info_reply" and comm_id in r["content"]["comms"]
+    assert r["msg_type"] == "comm_info_reply"
+    assert comm_id in r["content"]["comms"]
     close = kc.session.msg("comm_close", {"comm_id": comm_id, "data": {}})
     kc.shell_channel.send(close)
     collect_outputs(kc, close["header"]["msg_id"])
-    reply, out = execute(kc, "received")
-    result = [m for m in out if m["msg_type"] == "execute_result"][0]["content"]["data"]["text/plain"]
-    assert "('open', {'hello': 1})" in result and "('msg', {'ping': 2})" in result
+    _reply, out = execute(kc, "received")
+    result = next(m for m in out if m["msg_type"] == "execute_result")["content"]["data"]["text/plain"]
+    assert "('open', {'hello': 1})" in result
+    assert "('msg', {'ping': 2})" in result
     # kernel-side comm: comm_open, comm_msg, comm_close on IOPub
-    reply, out = execute(kc, "c = comm.create_comm(target_name='k1', data={'a': 1}); c.send({'b': 2}); c.close()")
+    _reply, out = execute(kc, "c = comm.create_comm(target_name='k1', data={'a': 1}); c.send({'b': 2}); c.close()")
     t = [m["msg_type"] for m in out]
-    assert t.count("comm_open") == 1 and t.count("comm_msg") == 1 and t.count("comm_close") == 1
-    opened = [m for m in out if m["msg_type"] == "comm_open"][0]["content"]
-    assert opened["target_name"] == "k1" and opened["data"] == {"a": 1}
+    assert t.count("comm_open") == 1
+    assert t.count("comm_msg") == 1
+    assert t.count("comm_close") == 1
+    opened = next(m for m in out if m["msg_type"] == "comm_open")["content"]
+    assert opened["target_name"] == "k1"
+    assert opened["data"] == {"a": 1}
 
 
 def test_ipywidgets_click_reaches_on_click(kernel):
     pytest.importorskip("ipywidgets")
-    km, kc = kernel
-    reply, out = execute(
+    _km, kc = kernel
+    _reply, out = execute(
         kc,
         "import ipywidgets as w\nclicks = []\nb = w.Button(description='go')\n"
         "b.on_click(lambda btn: (clicks.append(1), print('clicked')))\ndisplay(b)",
     )
     opens = [m for m in out if m["msg_type"] == "comm_open"]
     assert any(m["content"]["target_name"] == "jupyter.widget" for m in opens)
-    button = [m for m in opens if m["content"]["data"]["state"].get("_model_name") == "ButtonModel"][0]
-    assert any(m["msg_type"] == "display_data" and "application/vnd.jupyter.widget-view+json" in m["content"]["data"] for m in out)
+    button = next(m for m in opens if m["content"]["data"]["state"].get("_model_name") == "ButtonModel")
+    assert any(
+        m["msg_type"] == "display_data" and "application/vnd.jupyter.widget-view+json" in m["content"]["data"]
+        for m in out
+    )
     click = kc.session.msg(
         "comm_msg",
         {"comm_id": button["content"]["comm_id"], "data": {"method": "custom", "content": {"event": "click"}}},
@@ -260,5 +286,5 @@ def test_ipywidgets_click_reaches_on_click(kernel):
 
     out = collect_outputs(kc, click["header"]["msg_id"])
     assert stdout_of(out) == "clicked\n"
-    reply, out = execute(kc, "len(clicks)")
-    assert [m for m in out if m["msg_type"] == "execute_result"][0]["content"]["data"]["text/plain"] == "1"
+    _reply, out = execute(kc, "len(clicks)")
+    assert next(m for m in out if m["msg_type"] == "execute_result")["content"]["data"]["text/plain"] == "1"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import zmq
@@ -55,7 +56,7 @@ def test_interrupt_breaks_blocking_code(any_mode_kernel, case):
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert elapsed < INTERRUPT_DEADLINE, elapsed
     collect_outputs(kc, msg_id)
-    r, out = execute(kc, "1+1")
+    r, _out = execute(kc, "1+1")
     assert r["content"]["status"] == "ok"
 
 
@@ -81,7 +82,7 @@ def test_interrupt_while_idle_is_harmless(any_mode_kernel):
     km, kc = any_mode_kernel
     km.interrupt_kernel()
     time.sleep(0.2)  # the signal is asynchronous; nothing to wait on
-    r, out = execute(kc, "'still alive'")
+    r, _out = execute(kc, "'still alive'")
     assert r["content"]["status"] == "ok"
 
 
@@ -93,7 +94,7 @@ def test_restart_then_execute(jupyter_path):
         km.restart_kernel(now=False)
         kc.wait_for_ready(timeout=TIMEOUT)
         assert km.provisioner.process.pid != old_pid
-        r, out = execute(kc, "'x' in dir()")
+        _r, out = execute(kc, "'x' in dir()")
         assert [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"] == ["False"]
     finally:
         stop_kernel(km, kc)
@@ -163,7 +164,7 @@ def test_port_in_use_exits_at_once_naming_channel_and_port(tmp_path):
     try:
         t0 = time.monotonic()
         p = _spawn(path)
-        out, err = p.communicate(timeout=30)
+        _out, err = p.communicate(timeout=30)
         assert p.returncode == 1
         assert f"control channel to tcp://127.0.0.1:{d['control_port']}" in err
         assert "address already in use" in err
@@ -173,7 +174,7 @@ def test_port_in_use_exits_at_once_naming_channel_and_port(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "mutate,field",
+    ("mutate", "field"),
     [
         (lambda d: d.pop("key"), "key:"),
         (lambda d: d.update(shell_port="5555"), "shell_port:"),
@@ -188,7 +189,7 @@ def test_bad_connection_file_names_the_field(tmp_path, mutate, field):
     mutate(d)
     path.write_text(json.dumps(d))
     p = _spawn(path)
-    out, err = p.communicate(timeout=30)
+    _out, err = p.communicate(timeout=30)
     assert p.returncode == 2, err
     assert field in err
 
@@ -198,7 +199,8 @@ def test_unreadable_connection_file(tmp_path):
     path.write_text("{not json")
     p = _spawn(path)
     _, err = p.communicate(timeout=30)
-    assert p.returncode == 2 and "not valid JSON" in err
+    assert p.returncode == 2
+    assert "not valid JSON" in err
 
 
 def _client_for(d):
@@ -237,7 +239,7 @@ def test_zero_ports_are_bound_and_written_back(tmp_path):
 
 def test_exits_when_launcher_dies(tmp_path):
     """JPY_PARENT_PID: the kernel exits when the process that launched it is gone."""
-    path, d = _conn(tmp_path)
+    path, _d = _conn(tmp_path)
     pidfile = tmp_path / "kernel.pid"
     launcher = (
         "import os, subprocess, sys, time\n"
@@ -276,7 +278,7 @@ def _raw_dealer(ctx, d, channel):
 
 def test_bad_messages_are_dropped_and_kernel_keeps_serving(tmp_path):
     path, d = _conn(tmp_path)
-    errlog = open(tmp_path / "stderr.log", "w+")
+    errlog = open(tmp_path / "stderr.log", "w+")  # noqa: SIM115 - the kernel writes it; closed below
     p = subprocess.Popen([sys.executable, "-m", "trikernel", "-f", str(path)], stderr=errlog, stdout=subprocess.DEVNULL)
     ctx = zmq.Context()
     try:
@@ -304,7 +306,7 @@ def test_bad_messages_are_dropped_and_kernel_keeps_serving(tmp_path):
         bad_frames["unknown msg_type"] = [b"<IDS|MSG>", sign(up), *up]
         for channel in ("shell", "control", "stdin"):
             s = _raw_dealer(ctx, d, channel)
-            for name, frames in bad_frames.items():
+            for _name, frames in bad_frames.items():
                 s.send_multipart(frames)
             # replay of a valid, signed message is rejected too
             valid = [b"<IDS|MSG>", sign(parts), *parts]
@@ -328,7 +330,16 @@ def test_bad_messages_are_dropped_and_kernel_keeps_serving(tmp_path):
         log = errlog.read()
         # the first bad message with its detail, the rest counted per kind in
         # a summary line (badinput.py; the last one is written at shutdown)
-        for needle in ("no <IDS|MSG> delimiter", "bad_signature", "invalid_json", "replayed", "unsigned", "unknown_msg_type", "bad_header", "too_few_frames"):
+        for needle in (
+            "no <IDS|MSG> delimiter",
+            "bad_signature",
+            "invalid_json",
+            "replayed",
+            "unsigned",
+            "unknown_msg_type",
+            "bad_header",
+            "too_few_frames",
+        ):
             assert needle in log, needle
         assert d["key"] not in log  # no secrets in the log
     finally:
@@ -341,7 +352,18 @@ def test_bad_messages_are_dropped_and_kernel_keeps_serving(tmp_path):
 def test_install_writes_kernelspec(tmp_path):
     prefix = tmp_path / "prefix"
     r = subprocess.run(
-        [sys.executable, "-m", "trikernel", "install", "--prefix", str(prefix), "--name", "tk-x", "--display-name", "TK X"],
+        [
+            sys.executable,
+            "-m",
+            "trikernel",
+            "install",
+            "--prefix",
+            str(prefix),
+            "--name",
+            "tk-x",
+            "--display-name",
+            "TK X",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -363,7 +385,7 @@ def test_pip_installed_kernelspec_is_listed():
 
     specs = KernelSpecManager().find_kernel_specs()
     assert "trikernel" in specs
-    spec = json.loads(open(os.path.join(specs["trikernel"], "kernel.json")).read())
+    spec = json.loads(Path(specs["trikernel"], "kernel.json").read_text())
     assert spec["argv"][1:4] == ["-Xfrozen_modules=off", "-m", "trikernel"]
     assert spec["metadata"]["debugger"] is True
 

@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import textwrap
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -398,7 +399,7 @@ def test_connect_info_names_a_file_elsewhere_by_its_path(tk):
     m = re.search(r"--existing (\S+)\nor even just", rest)
     assert m is not None, rest
     assert os.path.isabs(m.group(1)), rest
-    assert json.loads(open(m.group(1)).read())["shell_port"] == _info["shell_port"]
+    assert json.loads(Path(m.group(1)).read_text())["shell_port"] == _info["shell_port"]
 
 
 def test_jupyter_console_existing_as_printed(runtime_kernel):

@@ -20,8 +20,8 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -94,7 +94,7 @@ def test_a_line_has_the_fields_and_never_the_signature(tmp_path: Any) -> None:
     assert second["parent_header"]["msg_id"] == request.msg_id
     assert second["buffers"] == [3, 2]
     assert second["undelivered"] is True
-    text = open(path, encoding="utf-8").read()
+    text = Path(path).read_text(encoding="utf-8")
     for frames in (frames_in, frames_out):
         assert frames[frames.index(b"<IDS|MSG>") + 1].decode() not in text  # the signature
     assert lines[-1]["lines"] == 2
@@ -166,7 +166,7 @@ def test_key_and_curve_secret_are_redacted(tmp_path: Any) -> None:
     head = "y" * (200 - len('{"name":"stdout","text":"') - 10)
     mlog.record("out", "iopub", _frames("stream", {"name": "stdout", "text": head + KEY}))  # cut inside the key
     mlog.close()
-    text = open(path, encoding="utf-8").read()
+    text = Path(path).read_text(encoding="utf-8")
     assert KEY not in text
     assert CURVE_SECRET not in text
     assert KEY[:10] not in text
@@ -327,7 +327,7 @@ def test_one_line_per_message_each_way_and_no_secrets(log_kernel: tuple[Any, Any
         assert rec["content_bytes"] > 0
         assert "time" in rec
         assert rec["content"] == json.loads(json.dumps(m["content"], default=str)) or m["msg_type"] == "stream"
-    text = open(path, encoding="utf-8").read()
+    text = Path(path).read_text(encoding="utf-8")
     secrets = [v.decode() if isinstance(v, bytes) else v for v in (info["key"], info["curve_secretkey"], signature)]
     for secret in secrets:
         assert secret not in text  # ...and the log has none of them
@@ -357,7 +357,7 @@ def test_tail_magic_shows_the_last_lines(log_kernel: tuple[Any, Any, str]) -> No
 
 def test_tail_magic_without_a_log_says_how_to_get_one(kernel: tuple[Any, Any]) -> None:
     _, kc = kernel
-    reply, outputs = execute(kc, "%trikernel log")
+    reply, _outputs = execute(kc, "%trikernel log")
     assert reply["content"]["status"] == "error"
     assert "--message-log FILE" in reply["content"]["evalue"]
 

@@ -38,7 +38,14 @@ def _check(nb: nbformat.NotebookNode) -> None:
                 assert "raises-exception" in cell.metadata.get("tags", []), cell.source
             texts.append(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")))
     joined = "\n".join(texts)
-    for needle in ("hello from trikernel", "caught: ZeroDivisionError", "awaited without any magic", "ROUND TRIP THROUGH TRIO", "the background ticker reached 3", "['b', 'c', 'a'] in 0.3s"):
+    for needle in (
+        "hello from trikernel",
+        "caught: ZeroDivisionError",
+        "awaited without any magic",
+        "ROUND TRIP THROUGH TRIO",
+        "the background ticker reached 3",
+        "['b', 'c', 'a'] in 0.3s",
+    ):
         assert needle in joined, needle
 
 

@@ -34,7 +34,7 @@ CELLS = 100
 @pytest.fixture
 def fresh_kernel(jupyter_path: str, tmp_path: Any) -> Iterator[tuple[Any, Any]]:
     """A kernel of its own, killed at the end whatever state it is in."""
-    err = open(tmp_path / "kernel.err", "w")
+    err = open(tmp_path / "kernel.err", "w")  # noqa: SIM115 - the kernel writes it; closed below
     km, kc = start_kernel("trikernel-test-signal", stderr=err)
     yield km, kc
     kc.stop_channels()
@@ -43,7 +43,7 @@ def fresh_kernel(jupyter_path: str, tmp_path: Any) -> Iterator[tuple[Any, Any]]:
 
 
 def _stats(kc: Any) -> dict[str, Any]:
-    reply, out = execute(kc, "_s = get_ipython().run_line_magic('trikernel', '--return')", silent=False)
+    reply, _out = execute(kc, "_s = get_ipython().run_line_magic('trikernel', '--return')", silent=False)
     assert reply["content"]["status"] == "ok"
     reply, _ = execute(kc, "", user_expressions={"s": "{k: v for k, v in _s.items() if k.startswith('fd_')}"})
     import ast
@@ -68,7 +68,7 @@ def _stats(kc: Any) -> dict[str, Any]:
 )
 def test_printf_holding_the_gil_completes(fresh_kernel, line, times):
     """libc printf through ctypes.PyDLL (the GIL stays held), then fflush."""
-    km, kc = fresh_kernel
+    _km, kc = fresh_kernel
     code = (
         "import ctypes\n"
         "libc = ctypes.PyDLL(None)\n"
@@ -84,7 +84,7 @@ def test_printf_holding_the_gil_completes(fresh_kernel, line, times):
 @pytest.mark.parametrize(("fd", "name", "size"), [(1, "stdout", 10_000_000), (2, "stderr", 1_000_000)])
 def test_one_big_write_holding_the_gil_reaches_the_cell(fresh_kernel, fd, name, size):
     """One write(2) of 10 MB (1 MB to fd 2) from C with the GIL held."""
-    km, kc = fresh_kernel
+    _km, kc = fresh_kernel
     code = (
         "import ctypes\n"
         "libc = ctypes.PyDLL(None)\n"
@@ -101,11 +101,12 @@ def test_one_big_write_holding_the_gil_reaches_the_cell(fresh_kernel, fd, name, 
 
 def test_gil_holding_writer_of_a_subprocess_and_c_at_once(fresh_kernel):
     """A subprocess floods fd 1 while C code in the kernel holds the GIL and writes."""
-    km, kc = fresh_kernel
+    _km, kc = fresh_kernel
     code = (
         "import ctypes, subprocess, sys\n"
         "libc = ctypes.PyDLL(None)\n"
-        "p = subprocess.Popen([sys.executable, '-c', 'import os\\nfor i in range(2000): os.write(1, b\"s\" * 999 + b\"\\\\n\")'])\n"
+        "p = subprocess.Popen([sys.executable, '-c',"
+        ' \'import os\\nfor i in range(2000): os.write(1, b"s" * 999 + b"\\\\n")\'])\n'
         "buf = b'c' * 999 + b'\\n'\n"
         "for i in range(2000):\n"
         "    libc.write(1, buf, len(buf))\n"
@@ -136,7 +137,7 @@ def test_gil_holding_writer_of_a_subprocess_and_c_at_once(fresh_kernel):
 def test_fd_output_reaches_iopub_before_the_cells_idle(kernel, code, name, text):
     """Issue 9's input, 30 cells of it, here 100 (on b491ff5 a few in a hundred,
     up to a quarter, were late): every cell's text is there before its idle."""
-    km, kc = kernel
+    _km, kc = kernel
     late = []
     for i in range(CELLS):
         reply, out = execute(kc, code)
@@ -150,9 +151,12 @@ def test_fd_output_reaches_iopub_before_the_cells_idle(kernel, code, name, text)
         m = kc.get_iopub_msg(timeout=30)
         if m["msg_type"] == "stream":
             stray.append(m["content"]["text"])
-        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "status":
-            if m["content"]["execution_state"] == "idle":
-                break
+        if (
+            m["parent_header"].get("msg_id") == msg_id
+            and m["msg_type"] == "status"
+            and m["content"]["execution_state"] == "idle"
+        ):
+            break
     assert late == [], f"{len(late)} of {CELLS} cells got their fd output after idle"
     assert stray == []
 
@@ -163,14 +167,17 @@ def _until_idle(kc: Any, msg_id: str) -> list[dict[str, Any]]:
     while True:
         m = kc.get_iopub_msg(timeout=30)
         seen.append(m)
-        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "status":
-            if m["content"]["execution_state"] == "idle":
-                return seen
+        if (
+            m["parent_header"].get("msg_id") == msg_id
+            and m["msg_type"] == "status"
+            and m["content"]["execution_state"] == "idle"
+        ):
+            return seen
 
 
 def test_fd_output_of_a_comm_handler_comes_before_its_idle(kernel):
     """The flush is on every request's path (here comm_msg), not only execute_request's."""
-    km, kc = kernel
+    _km, kc = kernel
     reply, out = execute(
         kc,
         "import os\n"
@@ -202,7 +209,7 @@ def test_fd_output_of_a_comm_handler_comes_before_its_idle(kernel):
 @pytest.fixture
 def small_backlog_kernel(jupyter_path: str, tmp_path: Any) -> Iterator[tuple[Any, Any]]:
     make_kernelspec(jupyter_path, "trikernel-test-smallfd", extra_argv=["--fd-backlog-bytes", str(1 << 20)])
-    err = open(tmp_path / "kernel.err", "w")
+    err = open(tmp_path / "kernel.err", "w")  # noqa: SIM115 - the kernel writes it; closed below
     km, kc = start_kernel("trikernel-test-smallfd", stderr=err)
     yield km, kc
     kc.stop_channels()
@@ -213,9 +220,12 @@ def small_backlog_kernel(jupyter_path: str, tmp_path: Any) -> Iterator[tuple[Any
 def test_past_the_backlog_bound_output_is_dropped_counted_and_shown(small_backlog_kernel):
     """8 MB written with the GIL held into a 1 MiB bound: the cell finishes, the
     stream says what was dropped, and kept + dropped is all of it."""
-    km, kc = small_backlog_kernel
+    _km, kc = small_backlog_kernel
     size = 8_000_000
-    code = f"import ctypes\nlibc = ctypes.PyDLL(None)\nbuf = b'z' * {size}\nassert libc.write(1, buf, len(buf)) == len(buf)\n"
+    code = (
+        f"import ctypes\nlibc = ctypes.PyDLL(None)\nbuf = b'z' * {size}\n"
+        "assert libc.write(1, buf, len(buf)) == len(buf)\n"
+    )
     reply, out = execute(kc, code, timeout=DEADLINE)
     assert reply["content"]["status"] == "ok"
     text = stdout_of(out)
@@ -238,7 +248,7 @@ def test_past_the_backlog_bound_output_is_dropped_counted_and_shown(small_backlo
 def test_children_still_write_into_a_pipe(kernel):
     """``> /dev/stderr`` and ``open('/dev/stdout', 'w')`` reopen the target: a
     pipe is fine, a regular file would be truncated (why the relay exists)."""
-    km, kc = kernel
+    _km, kc = kernel
     reply, out = execute(
         kc,
         "import os, stat\n"
@@ -254,10 +264,11 @@ def test_children_still_write_into_a_pipe(kernel):
 
 def test_several_writers_at_once(kernel):
     """Four subprocesses and a forked child write at the same time: nothing lost, no line torn."""
-    km, kc = kernel
+    _km, kc = kernel
     code = (
         "import subprocess, sys, multiprocessing as mp\n"
-        'w = \'import os,sys\\nfor i in range(3000): os.write(1, ("%s %05d " % (sys.argv[1], i)).ljust(99, "-").encode() + b"\\\\n")\'\n'
+        "w = 'import os,sys\\nfor i in range(3000): "
+        'os.write(1, ("%s %05d " % (sys.argv[1], i)).ljust(99, "-").encode() + b"\\\\n")\'\n'
         "ps = [subprocess.Popen([sys.executable, '-c', w, f'w{k}']) for k in range(4)]\n"
         "def child():\n"
         "    for i in range(3000):\n"
@@ -304,20 +315,20 @@ def test_interrupt_does_not_reach_the_relay(fresh_kernel):
 
 
 def test_a_killed_relay_falls_back_to_reading_the_pipes(fresh_kernel):
-    km, kc = fresh_kernel
+    _km, kc = fresh_kernel
     pid = _relay_pid(kc)
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + DEADLINE
     while _stats(kc)["fd_mode"] != "direct":
         assert time.monotonic() < deadline, "the kernel did not notice the relay's death"
-    reply, out = execute(kc, "import os; os.write(1, b'x\\n'); os.system('echo y')")
+    _reply, out = execute(kc, "import os; os.write(1, b'x\\n'); os.system('echo y')")
     assert stdout_of(out) == "x\ny\n"  # still captured, still before idle
 
 
 def test_a_stopped_relay_costs_one_flush_timeout_not_one_per_request(fresh_kernel):
     """SIGSTOP the relay: one request waits FLUSH_TIMEOUT (2 s) for it, later
     ones do not wait; once it runs again the flush is exact again."""
-    km, kc = fresh_kernel
+    _km, kc = fresh_kernel
     pid = _relay_pid(kc)
     os.kill(pid, signal.SIGSTOP)
     try:

@@ -43,7 +43,7 @@ def _streams_until(kc: Any, done: str, needed: int) -> tuple[list[tuple[str, str
 
 def test_ticks_of_a_thread_stay_with_the_cell_that_started_it(kernel):
     """Issue 9's input: cell A's thread ticks during cell B and after A's idle."""
-    km, kc = kernel
+    _km, kc = kernel
     a = kc.execute(
         "import threading, time\n"
         "def f():\n"
@@ -60,7 +60,7 @@ def test_ticks_of_a_thread_stay_with_the_cell_that_started_it(kernel):
 
 def test_thread_output_while_a_later_cell_runs_is_the_starting_cells(kernel):
     """Deterministic: the thread prints only once cell B tells it to, and B waits for it."""
-    km, kc = kernel
+    _km, kc = kernel
     a = kc.execute(
         "import threading\n"
         "go = threading.Event()\n"
@@ -81,7 +81,7 @@ def test_thread_output_while_a_later_cell_runs_is_the_starting_cells(kernel):
 
 
 def test_threads_started_by_threads_timer_and_subclasses(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     a = kc.execute(
         "import threading\n"
         "go = threading.Event()\n"
@@ -106,7 +106,7 @@ def test_threads_started_by_threads_timer_and_subclasses(kernel):
 def test_thread_pool_work_goes_to_the_cell_that_submitted_it(kernel):
     """The pool's worker threads start in cell P and are reused by A and B:
     each work item keeps the cell that submitted it."""
-    km, kc = kernel
+    _km, kc = kernel
     p = kc.execute(
         "from concurrent.futures import ThreadPoolExecutor\n"
         "import threading\n"
@@ -136,7 +136,7 @@ def test_thread_pool_work_goes_to_the_cell_that_submitted_it(kernel):
 
 def test_thread_started_by_a_background_trio_task(kernel):
     """A trio task keeps its cell (context copied at spawn); a thread it starts does too."""
-    km, kc = kernel
+    _km, kc = kernel
     a = kc.execute(
         "import threading, trio\n"
         "go = threading.Event()\n"
@@ -151,8 +151,8 @@ def test_thread_started_by_a_background_trio_task(kernel):
 
 def test_other_context_variables_do_not_travel_into_threads(kernel):
     """Only the request travels: threads start with an empty context, as in Python 3.11."""
-    km, kc = kernel
-    reply, out = execute(
+    _km, kc = kernel
+    _reply, out = execute(
         kc,
         "import contextvars, threading\n"
         "v = contextvars.ContextVar('v', default='unset')\n"

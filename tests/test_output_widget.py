@@ -58,7 +58,7 @@ def _comm_msg(kc: Any, comm_id: str, data: dict[str, Any]) -> tuple[str, list[di
 
 @pytest.fixture
 def output_widget(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     reply, out = execute(kc, "import ipywidgets as widgets\nout = widgets.Output()\ndisplay(out)")
     assert reply["content"]["status"] == "ok"
     return kc, _opened(out, "OutputModel")
@@ -110,7 +110,7 @@ def test_output_capture_decorator_in_a_cell_and_in_a_click_callback(output_widge
 
 
 def test_interact_routes_each_call_into_its_output(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     reply, out = execute(
         kc,
         "from ipywidgets import interact\ndef f(x):\n    print(f'x={x}')\n_ = interact(f, x=5)\n",
@@ -130,8 +130,8 @@ def test_interact_routes_each_call_into_its_output(kernel):
 
 
 def test_interactive_output_routes_each_call_into_its_output(kernel):
-    km, kc = kernel
-    reply, out = execute(
+    _km, kc = kernel
+    _reply, out = execute(
         kc,
         "import ipywidgets as widgets\n"
         "a = widgets.IntSlider(value=1)\n"
@@ -172,7 +172,7 @@ def test_with_output_in_a_thread_names_the_cell_that_started_it(output_widget):
 
 
 def test_what_get_ipython_kernel_offers(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     reply, out = execute(
         kc,
         "import comm, threading\n"

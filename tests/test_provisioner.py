@@ -16,10 +16,9 @@ import stat
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from jupyter_client import KernelManager
@@ -30,6 +29,9 @@ from jupyter_client.provisioning.factory import KernelProvisionerFactory
 from trikernel.errors import HandshakeError
 from trikernel.handshake import PORT_NAMES
 from trikernel.provisioner import HandshakeProvisioner, wants_handshake, write_registration_file
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 EP_GROUP = "jupyter_client.kernel_provisioners"
@@ -244,7 +246,8 @@ def test_kernel_that_exits_at_once_fails_fast_with_code_and_stderr(tmp_path: Pat
     msg = str(info.value)
     assert "exited with code 3" in msg
     assert "boom: cannot start" in msg
-    assert km.provisioner is not None and not km.provisioner.has_process
+    assert km.provisioner is not None
+    assert not km.provisioner.has_process
     assert list((tmp_path / "reg").iterdir()) == []
 
 
@@ -263,7 +266,8 @@ def test_silent_kernel_is_killed_after_timeout(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 10
     assert "killed" in str(info.value)
     prov = km.provisioner
-    assert isinstance(prov, HandshakeProvisioner) and not prov.has_process
+    assert isinstance(prov, HandshakeProvisioner)
+    assert not prov.has_process
     pid = prov.pid
     assert pid is not None
     with pytest.raises(ProcessLookupError):
@@ -379,7 +383,8 @@ def test_trikernel_via_provisioner_runs_code_and_restarts(tmp_path: Path) -> Non
     km = make_km(tmp_path, "tri", ksm)
     km.start_kernel()
     try:
-        assert isinstance(km.provisioner, HandshakeProvisioner) and km.provisioner._use_handshake
+        assert isinstance(km.provisioner, HandshakeProvisioner)
+        assert km.provisioner._use_handshake
         assert run_code(km, "1+1") == "2"
         before = ports_of(km)
         km.restart_kernel(now=True)
@@ -415,7 +420,8 @@ def test_trikernel_via_provisioner_with_curve_encryption(tmp_path: Path) -> None
     )
     km.start_kernel()
     try:
-        assert isinstance(km.provisioner, HandshakeProvisioner) and km.provisioner._use_handshake
+        assert isinstance(km.provisioner, HandshakeProvisioner)
+        assert km.provisioner._use_handshake
         assert km.get_connection_info().get("curve_publickey")
         assert run_code(km, "1+1") == "2"
     finally:

@@ -28,7 +28,7 @@ def test_lone_surrogates_in_output_do_not_kill_the_kernel(kernel):
 
 
 def test_cancelling_the_user_nursery_keeps_the_kernel(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     execute(
         kc,
         "import trio\nstopped = []\n"
@@ -37,8 +37,13 @@ def test_cancelling_the_user_nursery_keeps_the_kernel(kernel):
     )
     r, _ = execute(kc, "nursery.cancel_scope.cancel()\nawait trio.sleep(0.05)")
     assert r["content"]["status"] == "ok"
-    r, out = execute(kc, "done = trio.Event()\nasync def again():\n    done.set()\nnursery.start_soon(again)\nawait done.wait()\nlen(stopped)")
-    assert r["content"]["status"] == "ok" and result_text(out) == ["1"]
+    r, out = execute(
+        kc,
+        "done = trio.Event()\nasync def again():\n    done.set()\n"
+        "nursery.start_soon(again)\nawait done.wait()\nlen(stopped)",
+    )
+    assert r["content"]["status"] == "ok"
+    assert result_text(out) == ["1"]
 
 
 def test_control_answers_during_a_print_flood(jupyter_path):
@@ -66,17 +71,20 @@ def test_control_answers_during_a_print_flood(jupyter_path):
 
 
 def test_user_logging_reaches_the_notebook(kernel):
-    km, kc = kernel
-    r, out = execute(kc, "import logging\nlogging.warning('from the root logger')\nlogging.getLogger('mylib').error('from mylib')")
+    _km, kc = kernel
+    _r, out = execute(
+        kc, "import logging\nlogging.warning('from the root logger')\nlogging.getLogger('mylib').error('from mylib')"
+    )
     err = stdout_of(out, "stderr")
-    assert "from the root logger" in err and "from mylib" in err
-    r, out = execute(kc, "logging.basicConfig(level=logging.INFO, force=True)\nlogging.info('configured by the user')")
+    assert "from the root logger" in err
+    assert "from mylib" in err
+    _r, out = execute(kc, "logging.basicConfig(level=logging.INFO, force=True)\nlogging.info('configured by the user')")
     assert "configured by the user" in stdout_of(out, "stderr")
     execute(kc, "logging.basicConfig(force=True, handlers=[logging.NullHandler()])")
 
 
 def test_forked_children_do_not_block_on_the_kernels_queue(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     code = (
         "import multiprocessing as mp, sys\n"
         "def chatty(n):\n"
@@ -115,7 +123,7 @@ def test_a_looping_comm_handler_can_be_interrupted(jupyter_path):
         wait_for_marker(kc, m["header"]["msg_id"])  # the handler spins now
         km.interrupt_kernel()
         collect_outputs(kc, m["header"]["msg_id"])  # the comm_msg's idle comes
-        r, out = execute(kc, "'alive'")
+        _r, out = execute(kc, "'alive'")
         assert result_text(out) == ["'alive'"]
     finally:
         stop_kernel(km, kc)
@@ -144,15 +152,27 @@ def test_interrupt_during_to_thread_is_the_cells(jupyter_path):
 
 
 def test_streams_have_a_real_fileno(kernel):
-    km, kc = kernel
-    r, _ = execute(kc, "import faulthandler, subprocess, sys\nfaulthandler.enable()\nsubprocess.run(['true'], stdout=sys.stdout, check=True)")
+    _km, kc = kernel
+    r, _ = execute(
+        kc,
+        "import faulthandler, subprocess, sys\nfaulthandler.enable()\n"
+        "subprocess.run(['true'], stdout=sys.stdout, check=True)",
+    )
     assert r["content"]["status"] == "ok"
 
 
 def test_odd_but_harmless_request_fields(kernel):
-    km, kc = kernel
-    msg = kc.session.msg("execute_request", {"code": "1", "silent": False, "store_history": True,
-                                             "user_expressions": ["not", "a", "dict"], "allow_stdin": False})
+    _km, kc = kernel
+    msg = kc.session.msg(
+        "execute_request",
+        {
+            "code": "1",
+            "silent": False,
+            "store_history": True,
+            "user_expressions": ["not", "a", "dict"],
+            "allow_stdin": False,
+        },
+    )
     kc.shell_channel.send(msg)
     r = kc.get_shell_msg(timeout=TIMEOUT)
     while r["parent_header"]["msg_id"] != msg["header"]["msg_id"]:
@@ -178,14 +198,18 @@ def _stream_text_until(kc, needle: str, timeout: float = 15) -> str:
 
 def test_fd_level_output_reaches_the_notebook(kernel):
     """subprocess, os.system and C-level writes go to fds 1/2, captured as in ipykernel."""
-    km, kc = kernel
-    kc.execute("import subprocess, os\nsubprocess.run(['echo', 'from a subprocess'], check=True)\nos.system('echo from os.system >&2')")
+    _km, kc = kernel
+    kc.execute(
+        "import subprocess, os\nsubprocess.run(['echo', 'from a subprocess'], check=True)\n"
+        "os.system('echo from os.system >&2')"
+    )
     text = _stream_text_until(kc, "from os.system")
-    assert "from a subprocess" in text and "from os.system" in text
+    assert "from a subprocess" in text
+    assert "from os.system" in text
 
 
 def test_forked_child_output_reaches_the_notebook(kernel):
-    km, kc = kernel
+    _km, kc = kernel
     kc.execute(
         "import multiprocessing as mp\n"
         "def hello():\n    print('hello from the child')\n"
@@ -196,10 +220,10 @@ def test_forked_child_output_reaches_the_notebook(kernel):
 
 def test_kernel_log_stays_out_of_the_notebook(tmp_path, jupyter_path):
     """With fds captured, the kernel's own log still goes to its real stderr."""
-    err = open(tmp_path / "kernel.err", "w")
+    err = open(tmp_path / "kernel.err", "w")  # noqa: SIM115 - the kernel writes it; closed below
     km, kc = start_kernel("trikernel-test-signal", stderr=err)
     try:
-        r, out = execute(kc, "import logging\nlogging.getLogger('trikernel.test').warning('kernel-side line')")
+        _r, out = execute(kc, "import logging\nlogging.getLogger('trikernel.test').warning('kernel-side line')")
         assert "kernel-side line" not in stdout_of(out, "stderr")
     finally:
         stop_kernel(km, kc)

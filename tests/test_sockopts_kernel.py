@@ -29,14 +29,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import zmq
 
 from trikernel.errors import ConfigError
 from trikernel.sockopts import CHANNELS, ENV_VAR, resolve
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("trikernel.__main__") is None,
@@ -447,8 +450,10 @@ def test_installed_kernelspec_carries_options(tmp_path: Path) -> None:
     text = log_path.read_text(encoding="utf-8")
     lines = [ln for ln in text.splitlines() if EFFECTIVE in ln]
     iopub = [ln for ln in lines if f"{EFFECTIVE}iopub:" in ln]
-    assert iopub and "SNDHWM=4321" in iopub[0], text
-    assert all("TCP_KEEPALIVE=1" in ln for ln in lines) and len(lines) == len(CHANNELS), text
+    assert iopub, text
+    assert "SNDHWM=4321" in iopub[0], text
+    assert all("TCP_KEEPALIVE=1" in ln for ln in lines), text
+    assert len(lines) == len(CHANNELS), text
 
 
 @pytest.mark.timeout(180)
@@ -466,4 +471,5 @@ def test_kernel_honours_configured_nodrop_off(start_kernel) -> None:  # type: ig
     k.effective_lines()
     _burst_to_stalled_subscriber(k)
     text = k.stderr()
-    assert "not reading" not in text and "stalled past" not in text, text
+    assert "not reading" not in text, text
+    assert "stalled past" not in text, text

@@ -483,7 +483,7 @@ def test_the_message_log_says_what_was_refused(strict_kernel: tuple[Any, Any, st
     msg_id = _send(kc, "shell", "is_complete_request", {"code": 1})
     _reply(kc, "shell", msg_id)
     collect_outputs(kc, msg_id)
-    reply, outputs = execute(kc, "%trikernel log 10")
+    _, outputs = execute(kc, "%trikernel log 10")
     rows = stdout_of(outputs)
     assert f"id={msg_id}" in rows
     assert "REFUSED: content.code: expected a string, got 1 [messaging § Code completeness]" in rows

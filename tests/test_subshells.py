@@ -38,8 +38,14 @@ class Wire:
         return str(msg["header"]["msg_id"])
 
     def execute(self, code: str, subshell_id: str | None = None, **kw: Any) -> str:
-        content = {"code": code, "silent": False, "store_history": True, "user_expressions": {},
-                   "allow_stdin": False, "stop_on_error": True}
+        content = {
+            "code": code,
+            "silent": False,
+            "store_history": True,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": True,
+        }
         content.update(kw)
         return self.send("execute_request", content, subshell_id)
 
@@ -80,8 +86,9 @@ class Wire:
         return self.iopub.pop(msg_id)
 
     def _idle(self, msg_id: str) -> bool:
-        return any(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
-                   for m in self.iopub.get(msg_id, []))
+        return any(
+            m["msg_type"] == "status" and m["content"]["execution_state"] == "idle" for m in self.iopub.get(msg_id, [])
+        )
 
     def run(self, code: str, subshell_id: str | None = None, **kw: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         msg_id = self.execute(code, subshell_id, **kw)
@@ -230,7 +237,8 @@ def test_history_is_shared(wire: Wire, subshell: str) -> None:
         msg_id = wire.send("history_request", {"hist_access_type": "tail", "n": 2, "raw": True, "output": False}, sid)
         history = wire.reply(msg_id)["content"]["history"]
         assert [(line, source) for _session, line, source in history] == [
-            (n_main, "'from the main shell'"), (n_sub, "'from the subshell'")
+            (n_main, "'from the main shell'"),
+            (n_sub, "'from the subshell'"),
         ]
 
 
@@ -269,8 +277,11 @@ def test_overlapping_cells_get_their_own_numbers(wire: Wire, subshell: str) -> N
     main_reply, main_out = wire.reply(main), wire.outputs(main)
     n_main, n_sub = main_reply["content"]["execution_count"], sub_reply["content"]["execution_count"]
     assert n_sub == n_main + 1
-    results = {m["content"]["execution_count"]: m["content"]["data"]["text/plain"]
-               for m in main_out + sub_out if m["msg_type"] == "execute_result"}
+    results = {
+        m["content"]["execution_count"]: m["content"]["data"]["text/plain"]
+        for m in main_out + sub_out
+        if m["msg_type"] == "execute_result"
+    }
     assert results == {n_main: "'main'", n_sub: "'sub'"}
     check = stdout(wire.run(f"print(Out[{n_main}], Out[{n_sub}], repr(_i{n_sub}))")[1]).strip()
     assert check == "main sub \"'sub'\""
@@ -279,7 +290,8 @@ def test_overlapping_cells_get_their_own_numbers(wire: Wire, subshell: str) -> N
 def test_top_level_await_in_a_subshell(wire: Wire, subshell: str) -> None:
     reply, outputs = wire.run(
         "t0 = trio.current_time()\nawait trio.sleep(0.1)\nprint(trio.current_time() - t0 >= 0.1, "
-        "trio.lowlevel.current_root_task() is not None)", subshell
+        "trio.lowlevel.current_root_task() is not None)",
+        subshell,
     )
     assert reply["content"]["status"] == "ok", reply["content"]
     assert stdout(outputs).strip() == "True True"

@@ -520,7 +520,7 @@ def test_error_raised_inside_trio_shows_the_cell_line(kernel):
 def test_nursery_child_error_group_has_no_run_code_frame(kernel):
     """The group rendering (standard library) leaves out IPython's run_code and trio's frames too."""
     _km, kc = kernel
-    c, err = failing_cell(
+    _c, err = failing_cell(
         kc,
         code(
             """

@@ -14,21 +14,23 @@ ticks are parsed out of the text.
 from __future__ import annotations
 
 import os
-
 import re
 import textwrap
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from conftest import TIMEOUT, ValidatingClient, collect_outputs, execute, start_kernel, stdout_of, stop_kernel
 
 import trikernel
-from conftest import TIMEOUT, ValidatingClient, collect_outputs, execute, start_kernel, stdout_of, stop_kernel
-from jupyter_client.manager import KernelManager
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+
+    from jupyter_client.manager import KernelManager
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -175,7 +177,8 @@ def mode_kernel(
 ) -> Iterator[tuple[str, KernelManager, ValidatingClient]]:
     """One kernel per interrupt mode (signal, message), shared by the interrupt tests."""
     km, kc = start_kernel(MODES[request.param])
-    assert km.kernel_spec is not None and km.kernel_spec.interrupt_mode == request.param
+    assert km.kernel_spec is not None
+    assert km.kernel_spec.interrupt_mode == request.param
     yield request.param, km, kc
     stop_kernel(km, kc)
 
@@ -386,7 +389,8 @@ def test_background_task_outlives_cells_and_prints_to_its_cell(fresh):
     n2 = wait_tick_above(kc, n + 3, seen)
     assert n2 > n + 3
     tick_msgs = [m for m in seen if ticks_in(m)]
-    assert tick_msgs and {parent_id(m) for m in tick_msgs} == {cell1}
+    assert tick_msgs
+    assert {parent_id(m) for m in tick_msgs} == {cell1}
     assert {m["content"]["name"] for m in tick_msgs} == {"stdout"}
     stop_ticker(kc)
 
@@ -483,7 +487,9 @@ def test_nursery_start_error_before_started_reaches_the_cell(fresh):
         ),
     )
     c = reply["content"]
-    assert c["status"] == "error" and c["ename"] == "ValueError" and c["evalue"] == "failed to start", c
+    assert c["status"] == "error", c
+    assert c["ename"] == "ValueError", c
+    assert c["evalue"] == "failed to start", c
     ok(execute(kc, "print('alive')")[0])
 
 
@@ -503,11 +509,13 @@ def test_error_in_cell_nursery_is_an_error_output(kernel):
         ),
     )
     c = reply["content"]
-    assert c["status"] == "error" and c["ename"] == "ExceptionGroup", c
+    assert c["status"] == "error", c
+    assert c["ename"] == "ExceptionGroup", c
     errors = [m for m in out if m["msg_type"] == "error"]
     assert len(errors) == 1, [(m["msg_type"], m["content"]) for m in out]
     tb = plain(errors[0]["content"]["traceback"])
-    assert 'raise ValueError("child failed")' in tb and "ValueError: child failed" in tb, tb
+    assert 'raise ValueError("child failed")' in tb, tb
+    assert "ValueError: child failed" in tb, tb
     assert c["traceback"] == errors[0]["content"]["traceback"]
 
 
@@ -529,11 +537,13 @@ def interrupt_awaiting_cell(
     LATENCIES[f"{mode}: {label}"] = latency
     print(f"\ninterrupt latency [{mode}] {label}: {latency * 1000:.1f} ms")
     c = reply["content"]
-    assert c["status"] == "error" and c["ename"] == "KeyboardInterrupt", c
+    assert c["status"] == "error", c
+    assert c["ename"] == "KeyboardInterrupt", c
     assert latency < INTERRUPT_BUDGET, f"reply {latency:.2f}s after the interrupt"
     out = collect_outputs(kc, msg_id)
     errors = [m for m in out if m["msg_type"] == "error"]
-    assert len(errors) == 1 and errors[0]["content"]["ename"] == "KeyboardInterrupt"
+    assert len(errors) == 1
+    assert errors[0]["content"]["ename"] == "KeyboardInterrupt"
     return c
 
 
@@ -590,7 +600,8 @@ def test_interrupt_awaiting_nursery_in_cell(mode_kernel):
     print(f"\ninterrupt latency [{mode}] nursery in the cell: {latency * 1000:.1f} ms")
     assert latency < INTERRUPT_BUDGET
     c = reply["content"]
-    assert c["status"] == "error" and c["ename"] in ("KeyboardInterrupt", "BaseExceptionGroup"), c
+    assert c["status"] == "error", c
+    assert c["ename"] in ("KeyboardInterrupt", "BaseExceptionGroup"), c
     # the interrupt is shown as an error output whose traceback names KeyboardInterrupt
     wait_idle(kc, msg_id, seen)
     errors = [m for m in seen if parent_id(m) == msg_id and m["msg_type"] == "error"]
@@ -665,7 +676,8 @@ def test_input_in_async_cell(mode_kernel):
     _mode, _km, kc = mode_kernel
     msg_id = kc.execute("await trio.sleep(0.05)\nname = input('who? ')\nprint('hi', name)", allow_stdin=True)
     req = kc.get_stdin_msg(timeout=TIMEOUT)
-    assert req["msg_type"] == "input_request" and req["content"]["prompt"] == "who? "
+    assert req["msg_type"] == "input_request"
+    assert req["content"]["prompt"] == "who? "
     assert parent_id(req) == msg_id
     kc.input("trio")
     out = collect_outputs(kc, msg_id)
@@ -677,7 +689,8 @@ def test_interrupt_input_in_async_cell(mode_kernel):
     mode, km, kc = mode_kernel
     msg_id = kc.execute("import trio\nawait trio.sleep(0.05)\ninput('never answered: ')", allow_stdin=True)
     req = kc.get_stdin_msg(timeout=TIMEOUT)
-    assert req["msg_type"] == "input_request" and parent_id(req) == msg_id
+    assert req["msg_type"] == "input_request"
+    assert parent_id(req) == msg_id
     t0 = time.monotonic()
     km.interrupt_kernel()
     reply = reply_to(kc, msg_id)
@@ -685,7 +698,8 @@ def test_interrupt_input_in_async_cell(mode_kernel):
     LATENCIES[f"{mode}: input() in async cell"] = latency
     print(f"\ninterrupt latency [{mode}] input() in async cell: {latency * 1000:.1f} ms")
     c = reply["content"]
-    assert c["status"] == "error" and c["ename"] == "KeyboardInterrupt"
+    assert c["status"] == "error"
+    assert c["ename"] == "KeyboardInterrupt"
     assert time.monotonic() - t0 < INTERRUPT_BUDGET
     reply, out = execute(kc, "await trio.sleep(0.01)\nprint('next')")
     ok(reply)
@@ -847,8 +861,10 @@ def test_shutdown_while_cell_awaits_runs_finally(jupyter_path, tmp_path):
     t0 = time.monotonic()
     km.shutdown_kernel(now=False)
     elapsed = time.monotonic() - t0
-    assert bg.exists() and bg.read_text() == "cancelled"
-    assert cell.exists() and cell.read_text() == "cell finally"
+    assert bg.exists()
+    assert bg.read_text() == "cancelled"
+    assert cell.exists()
+    assert cell.read_text() == "cell finally"
     assert elapsed < SHUTDOWN_BUDGET, f"shutdown took {elapsed:.1f}s"
 
 
@@ -863,7 +879,8 @@ def test_restart_gives_fresh_nursery(jupyter_path, tmp_path):
         km.restart_kernel(now=False)
         kc.wait_for_ready(timeout=TIMEOUT)
         elapsed = time.monotonic() - t0
-        assert marker.exists() and marker.read_text() == "cancelled"
+        assert marker.exists()
+        assert marker.read_text() == "cancelled"
         assert elapsed < SHUTDOWN_BUDGET + 10, f"restart took {elapsed:.1f}s"
         reply, out = execute(kc, "('before_restart' in globals(), len(nursery.child_tasks))")
         ok(reply)

@@ -45,6 +45,7 @@ fd numbers inherited from the kernel).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
@@ -193,10 +194,8 @@ def main(argv: list[str]) -> int:
                 poller.unregister(p)  # every writer closed it (kernel exiting)
             copied = copied or n > 0
         if copied:
-            try:
+            with contextlib.suppress(BlockingIOError):  # the doorbell is already ringing
                 os.write(bell, b"\0")
-            except BlockingIOError:
-                pass  # the doorbell is already ringing
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ unchanged.
 from __future__ import annotations
 
 import ast
+import contextlib
 import gc
 import inspect
 import itertools
@@ -72,7 +73,7 @@ def _compile(shell: InteractiveShell, tree: ast.AST, source: str, mode: str) -> 
 
 async def _run(shell: InteractiveShell, code: CodeType) -> Any:
     """Run ``code`` in the user namespace as IPython's run_code does; await it if it is a coroutine."""
-    result = eval(code, shell.user_global_ns, shell.user_ns)  # noqa: S307 - the user's own code
+    result = eval(code, shell.user_global_ns, shell.user_ns)  # the user's own code
     if code.co_flags & inspect.CO_COROUTINE:
         return await result
     return result
@@ -226,7 +227,7 @@ async def timeit_async(magics: Any, line: str = "", cell: str | None = None) -> 
     code = shell.compile(_timeit_function(ast_setup, ast_stmt), "<magic-timeit>", "exec")
     tc = clock() - t0
     ns: dict[str, Any] = {}
-    exec(code, shell.user_ns, ns)  # noqa: S102 - defines ``inner`` from the user's code
+    exec(code, shell.user_ns, ns)  # defines ``inner`` from the user's code
     inner: Callable[[Any, Callable[[], float]], Awaitable[float]] = ns["inner"]
 
     async def one_run(n: int) -> float:
@@ -276,16 +277,13 @@ async def capture_async(magics: Any, line: str = "", cell: str | None = None) ->
     (``run_cell_async``, as IPython's ``run_cell`` runs it) in the user trio run."""
     from IPython.utils.capture import capture_output
 
+    from .shell import transform_cell
+
     shell = magics.shell
     args = magic_arguments.parse_argstring(ExecutionMagics.capture, line)
     body = cell or ""
     with capture_output(not args.no_stdout, not args.no_stderr, not args.no_display) as io:
-        preprocessing_exc_tuple = None
-        try:
-            transformed = shell.transform_cell(body)
-        except Exception:
-            transformed = body
-            preprocessing_exc_tuple = sys.exc_info()
+        transformed, preprocessing_exc_tuple = transform_cell(shell, body)
         try:
             await shell.run_cell_async(
                 body, store_history=False, transformed_cell=transformed, preprocessing_exc_tuple=preprocessing_exc_tuple
@@ -397,9 +395,10 @@ async def run_magic_async(shell: InteractiveShell, kind: str, name: str, line: s
         raise UsageError(f"%{name} cannot await in trikernel")
     with shell.builtin_trap:
         result = await TWINS[fn.__func__].run(fn.__self__, line, cell)
-    if getattr(fn, MAGIC_OUTPUT_CAN_BE_SILENCED, False):
-        if DisplayHook.semicolon_at_end_of_expression(line if cell is None else cell):
-            return None
+    if getattr(fn, MAGIC_OUTPUT_CAN_BE_SILENCED, False) and DisplayHook.semicolon_at_end_of_expression(
+        line if cell is None else cell
+    ):
+        return None
     return result
 
 
@@ -423,10 +422,8 @@ class AwaitInMagics(ast.NodeTransformer):
         self.shell = shell
 
     def visit_Module(self, node: ast.Module) -> ast.Module:
-        try:
+        with contextlib.suppress(Exception):  # leave the cell as IPython made it
             self._block(node.body)
-        except Exception:  # noqa: BLE001 - leave the cell as IPython made it
-            pass
         return node
 
     def _block(self, stmts: list[Any]) -> None:

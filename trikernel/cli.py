@@ -27,13 +27,15 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
 from .channels import PORT_FIELDS
 from .config import KernelConfig, flag_of, load_json_file, parse_connection, write_json_atomic
 from .errors import ConfigError, HandshakeError, TrikernelError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 log = logging.getLogger("trikernel.cli")
 
@@ -305,7 +307,12 @@ def _run(argv: list[str]) -> int:
     usable = args.write_connection_file if registration is not None else path
     connection_file = os.path.abspath(usable) if usable else None
     return Kernel(
-        conn, config, bound, iopub_nodrop=nodrop, connection_file=connection_file, strict=strict,
+        conn,
+        config,
+        bound,
+        iopub_nodrop=nodrop,
+        connection_file=connection_file,
+        strict=strict,
         message_log=message_log,
     ).run()
 

@@ -39,7 +39,9 @@ from .gateway import parse_comm_request
 
 if TYPE_CHECKING:
     import socket
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable
+
+    from .iorun import Service
 
 log = logging.getLogger("trikernel.commport")
 
@@ -178,7 +180,7 @@ def service(
     on_signal: Callable[[int], None],
     on_shutdown: Callable[[], None],
     stats: CommPortStats | None = None,
-) -> Callable[..., Awaitable[None]]:
+) -> Service:
     """An io-run service (``Kernel(services=...)``) serving the listening stdlib ``sock``.
 
     ``sock`` was bound and put in listening state on the main thread before

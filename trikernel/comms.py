@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import comm
 from comm.base_comm import BaseComm, BuffersType, CommManager, MaybeDict
 
 from .errors import ProtocolError
-from .outstream import Publisher
-from .wire import Message
+from .shellkernel import message_dict
+
+if TYPE_CHECKING:
+    from .outstream import Publisher
+    from .wire import Message
 
 _COMM_PREFIX = os.urandom(8).hex()
 _COMM_COUNTER = itertools.count()
@@ -87,19 +90,6 @@ def set_shell(shell: Any) -> None:
     TrikernelComm.shell = shell
 
 
-def as_dict(msg: Message) -> dict[str, Any]:
-    """A jupyter_client-style dict of ``msg`` for comm handlers."""
-    return {
-        "header": msg.header,
-        "parent_header": msg.parent_header,
-        "metadata": msg.metadata,
-        "content": msg.content,
-        "buffers": [memoryview(b) for b in msg.buffers],
-        "msg_id": msg.msg_id,
-        "msg_type": msg.msg_type,
-    }
-
-
 def check_content(msg: Message) -> None:
     """Refuse frontend comm content that ``comm``'s manager cannot take.
 
@@ -134,7 +124,7 @@ def dispatch(manager: CommManager, msg: Message) -> None:
     check_content(msg)
     handler = getattr(manager, msg.msg_type)
     try:
-        handler(None, None, as_dict(msg))
+        handler(None, None, message_dict(msg))  # the dict shape comm handlers take
     except BaseException:
         shell = TrikernelComm.shell
         if shell is None:

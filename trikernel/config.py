@@ -221,8 +221,16 @@ def write_json_atomic(path: str | os.PathLike[str], data: Mapping[str, Any]) -> 
         raise
 
 
-def knob(default: Any, help: str, *, unit: str = "", minimum: float | None = None, exclusive: bool = False,
-         flag: str | None = None, metavar: str | None = None) -> Any:
+def knob(
+    default: Any,
+    help: str,
+    *,
+    unit: str = "",
+    minimum: float | None = None,
+    exclusive: bool = False,
+    flag: str | None = None,
+    metavar: str | None = None,
+) -> Any:
     """A KernelConfig field: its default, help text, unit and lower bound
     (``exclusive``: the value must be greater than ``minimum``). ``flag``
     overrides the command-line flag derived from the field name; ``metavar``
@@ -230,7 +238,12 @@ def knob(default: Any, help: str, *, unit: str = "", minimum: float | None = Non
     return field(
         default=default,
         metadata={
-            "help": help, "unit": unit, "minimum": minimum, "exclusive": exclusive, "flag": flag, "metavar": metavar
+            "help": help,
+            "unit": unit,
+            "minimum": minimum,
+            "exclusive": exclusive,
+            "flag": flag,
+            "metavar": metavar,
         },
     )
 
@@ -257,15 +270,16 @@ class KernelConfig:
     iopub_warn_after: float = knob(
         1.0, "waiting time on a full subscriber before a warning is logged", unit="s", minimum=0, exclusive=True
     )
-    stream_batch_chars: int = knob(
-        1 << 16, "largest coalesced stream message", unit="characters", minimum=1024
-    )
+    stream_batch_chars: int = knob(1 << 16, "largest coalesced stream message", unit="characters", minimum=1024)
     handshake_timeout: float = knob(
         5.0, "time to wait for the JEP 66 acknowledgement", unit="s", minimum=0, exclusive=True
     )
     shutdown_grace: float = knob(3.0, "time user code gets to stop at shutdown", unit="s", minimum=0, exclusive=True)
     parent_poll_interval: float = knob(
-        1.0, "time between checks that the launching process (JPY_PARENT_PID) lives", unit="s", minimum=0,
+        1.0,
+        "time between checks that the launching process (JPY_PARENT_PID) lives",
+        unit="s",
+        minimum=0,
         exclusive=True,
     )
     max_frames: int = knob(
@@ -326,12 +340,16 @@ class KernelConfig:
         "", "append one JSON line per message in and out to this file (docs/conformance.md)", metavar="FILE"
     )
     message_log_content: int = knob(
-        4096, "content of a logged message kept in its line; longer content is cut (its size is always logged)",
-        unit="bytes", minimum=0,
+        4096,
+        "content of a logged message kept in its line; longer content is cut (its size is always logged)",
+        unit="bytes",
+        minimum=0,
     )
     message_log_queue: int = knob(
-        10000, "message-log lines waiting for the writer thread; past it lines are dropped and counted",
-        unit="lines", minimum=1,
+        10000,
+        "message-log lines waiting for the writer thread; past it lines are dropped and counted",
+        unit="lines",
+        minimum=1,
     )
 
     @property

@@ -59,17 +59,17 @@ import trio
 
 from .badinput import BadInputLog, short
 from .errors import JobInterrupted, KernelShuttingDown, ProtocolError
-from .iopub import IOPubQueue
-from .messages import MessageBuilder
-from .sockets import TrioSocket
 from .strict import Refused, refusal
 from .userrun import Job, UserRun
 from .wire import Message, Signer, serialize, utcnow_iso
 
 if TYPE_CHECKING:
     from .debugger import Debugger
+    from .iopub import IOPubQueue
     from .jobs import ShellJobs
     from .messagelog import MessageLog
+    from .messages import MessageBuilder
+    from .sockets import TrioSocket
     from .subshells import SubshellRegistry
 
 log = logging.getLogger("trikernel.dispatch")
@@ -451,8 +451,13 @@ class Dispatcher:
         self._drain_shell()
         sent = _posix_time(failed.msg.header.get("date"))
         spent = trio.current_time() - failed.arrived
-        log.debug("stop_on_error: aborting execute requests up to #%d, and of session %s sent before %s (+%.4fs)",
-                  self._shell_seq, failed.msg.header.get("session"), failed.msg.header.get("date"), spent)
+        log.debug(
+            "stop_on_error: aborting execute requests up to #%d, and of session %s sent before %s (+%.4fs)",
+            self._shell_seq,
+            failed.msg.header.get("session"),
+            failed.msg.header.get("date"),
+            spent,
+        )
         lane.abort = AbortWindow(
             upto_seq=self._shell_seq,
             session=failed.msg.header.get("session") if sent is not None else None,
@@ -634,29 +639,9 @@ class Dispatcher:
         }
         return Reply(content, metadata)
 
-    async def complete(self, msg: Message) -> Reply:
-        jobs = await self._jobs_when_ready()
-        return Reply(await self.in_user_run(_sync(jobs.complete, msg)))
-
-    async def inspect(self, msg: Message) -> Reply:
-        jobs = await self._jobs_when_ready()
-        return Reply(await self.in_user_run(_sync(jobs.inspect, msg)))
-
-    async def is_complete(self, msg: Message) -> Reply:
-        jobs = await self._jobs_when_ready()
-        return Reply(await self.in_user_run(_sync(jobs.is_complete, msg)))
-
-    async def history(self, msg: Message) -> Reply:
-        jobs = await self._jobs_when_ready()
-        return Reply(await self.in_user_run(_sync(jobs.history, msg)))
-
     async def comm(self, msg: Message) -> None:
         jobs = await self._jobs_when_ready()
         await self.in_user_run(_sync(jobs.comm, msg), concurrent=True)
-
-    async def comm_info(self, msg: Message) -> Reply:
-        jobs = await self._jobs_when_ready()
-        return Reply(await self.in_user_run(_sync(jobs.comm_info, msg), concurrent=True))
 
     # -- handlers: debugger (lane debug, on control) -----------------------------------
     async def debug(self, msg: Message) -> Reply:
@@ -735,6 +720,20 @@ async def _subshell_deleted(d: Dispatcher, msg: Message) -> Reply | None:
     return _shell_error(d, msg, "SubshellDeleted", f"subshell {subshell_id!r} was deleted before this request ran")
 
 
+def _user_request(
+    body: Callable[[ShellJobs], Callable[[Message], dict[str, Any]]], *, concurrent: bool = False
+) -> Handler:
+    """The handler of a request whose reply content is one synchronous job
+    body of :class:`ShellJobs` run in the user run (``body(jobs)(msg)``);
+    ``concurrent``: as a task of the user nursery, not in the sequential lane."""
+
+    async def handler(d: Dispatcher, msg: Message) -> Reply:
+        jobs = await d._jobs_when_ready()
+        return Reply(await d.in_user_run(_sync(body(jobs), msg), concurrent=concurrent))
+
+    return handler
+
+
 def _sync(fn: Callable[[Message], Any], msg: Message) -> Callable[[], Awaitable[Any]]:
     """An async job body that calls the synchronous ``fn(msg)``."""
 
@@ -758,14 +757,14 @@ _BOTH = frozenset({"shell", "control"})
 #: forms, answered on the channel they came from).
 ROUTES: dict[str, Route] = {
     "execute_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.execute),
-    "complete_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.complete),
-    "inspect_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.inspect),
-    "is_complete_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.is_complete),
-    "history_request": Route(_SHELL, Lane.SEQUENTIAL, Dispatcher.history),
+    "complete_request": Route(_SHELL, Lane.SEQUENTIAL, _user_request(lambda jobs: jobs.complete)),
+    "inspect_request": Route(_SHELL, Lane.SEQUENTIAL, _user_request(lambda jobs: jobs.inspect)),
+    "is_complete_request": Route(_SHELL, Lane.SEQUENTIAL, _user_request(lambda jobs: jobs.is_complete)),
+    "history_request": Route(_SHELL, Lane.SEQUENTIAL, _user_request(lambda jobs: jobs.history)),
     "comm_open": Route(_SHELL, Lane.CONCURRENT, Dispatcher.comm),
     "comm_msg": Route(_SHELL, Lane.CONCURRENT, Dispatcher.comm),
     "comm_close": Route(_SHELL, Lane.CONCURRENT, Dispatcher.comm),
-    "comm_info_request": Route(_SHELL, Lane.CONCURRENT, Dispatcher.comm_info),
+    "comm_info_request": Route(_SHELL, Lane.CONCURRENT, _user_request(lambda jobs: jobs.comm_info, concurrent=True)),
     "kernel_info_request": Route(_BOTH, Lane.IO, Dispatcher.kernel_info),
     "shutdown_request": Route(_BOTH, Lane.IO, Dispatcher.shutdown),
     "interrupt_request": Route(_BOTH, Lane.IO, Dispatcher.interrupt),
@@ -780,4 +779,3 @@ ROUTES: dict[str, Route] = {
 UNKNOWN = Route(_BOTH, Lane.IO, Dispatcher.unknown)
 #: The route of a message ``--strict`` refused (whatever its type): answered at once, not run.
 REFUSED = Route(_BOTH, Lane.IO, Dispatcher.refused)
-

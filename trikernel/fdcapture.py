@@ -61,6 +61,7 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
 from .debugger import not_traced
 
 if TYPE_CHECKING:

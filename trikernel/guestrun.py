@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import outcome
 import sniffio
 import trio
+
 from .debugger import not_traced
 
 if TYPE_CHECKING:
@@ -220,10 +221,8 @@ class GuestRun:
         get_events = runner.io_manager.get_events
         prev, sniffio.thread_local.name = sniffio.thread_local.name, "trio"
         try:
-            if self._timeout is None:  # a batch is owed (the start, or a wait that ended hosted)
-                timeout = self._next_send.send(gen)
-            else:
-                timeout = self._timeout
+            # a batch is owed when there is no timeout (the start, or a wait that ended hosted)
+            timeout = self._next_send.send(gen) if self._timeout is None else self._timeout
             while self._wanted is None:
                 timeout = gen.send(get_events(timeout))
             self._timeout = timeout

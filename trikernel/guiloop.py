@@ -35,6 +35,7 @@ GUI's loop waking trio exactly when trio has work (no polling interval).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -206,10 +207,8 @@ class TkHost:
 
     def run_sync_soon_threadsafe(self, fn: Callable[[], object]) -> None:
         self._queue.append(fn)
-        try:
+        with contextlib.suppress(BlockingIOError):  # the pipe is full: a wake-up is pending anyway
             os.write(self._wfd, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full: a wake-up is pending anyway
 
     def run_sync_soon_not_threadsafe(self, fn: Callable[[], object]) -> None:
         # the idle callback runs from the loop, later: queue fn once the call
@@ -218,10 +217,8 @@ class TkHost:
         self._queue.append(fn)
 
     def _on_readable(self, fd: int, mask: int) -> None:
-        try:
+        with contextlib.suppress(BlockingIOError):
             os.read(self._rfd, 4096)
-        except BlockingIOError:
-            pass
         self._queue.run()
 
     def loop(self) -> None:

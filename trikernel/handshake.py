@@ -1,4 +1,5 @@
-"""JEP 66 start-up handshake: registration-file parsing, both wire dialects, and the kernel's one blocking registration call.
+"""JEP 66 start-up handshake: registration-file parsing, both wire dialects,
+and the kernel's one blocking registration call.
 
 Everything here except :func:`register` is pure (bytes and dicts in, bytes
 and dataclasses out) and is shared by the kernel side and by the launcher in

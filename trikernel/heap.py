@@ -21,9 +21,12 @@ import ctypes
 import ctypes.util
 import logging
 import time
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 log = logging.getLogger("trikernel.heap")
 
@@ -42,7 +45,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
     fn.argtypes = [ctypes.c_size_t]
     fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 class HeapTrimmer:

@@ -19,7 +19,7 @@ log = logging.getLogger("trikernel.heartbeat")
 
 
 class Heartbeat(threading.Thread):
-    def __init__(self, sock: zmq.Socket):
+    def __init__(self, sock: zmq.Socket[bytes]):
         super().__init__(name="trikernel-heartbeat", daemon=True)
         self.sock = sock
 

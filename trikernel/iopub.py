@@ -44,11 +44,11 @@ import trio
 import zmq
 
 from .badinput import BadInputLog
-from .messages import MessageBuilder
 from .wire import Message, Signer, serialize
 
 if TYPE_CHECKING:
     from .messagelog import MessageLog
+    from .messages import MessageBuilder
 
 log = logging.getLogger("trikernel.iopub")
 
@@ -321,18 +321,23 @@ class IOPubQueue:
                 # take the GIL back, instead of one thread switch per message
                 await trio.sleep(GATHER_WINDOW)
 
-    async def wait_sealed(self, b: StreamBatch, timeout: float) -> None:
-        """The iopub task holds the open tail batch ``b`` up to ``timeout``
-        seconds for more text; any other message sealing it ends the hold at
-        once (so an idle or a display right after a print is not delayed)."""
+    async def wait_sealed(self, b: StreamBatch) -> None:
+        """The iopub task holds the open tail batch ``b`` for more text until
+        another message seals it (so an idle or a display right after a print
+        is not delayed); returns at once if it is sealed already.
+
+        Cancellation: the caller bounds the hold with a cancel scope
+        (``trio.move_on_after``); cancelled, the hold ends and ``b`` stays
+        open for :meth:`take_text`. Io run only."""
         with self._lock:
             if b.sealed:
                 return
             ev = b.on_seal = trio.Event()
-        with trio.move_on_after(timeout):
+        try:
             await ev.wait()
-        with self._lock:
-            b.on_seal = None
+        finally:
+            with self._lock:
+                b.on_seal = None
 
     def take_text(self, b: StreamBatch) -> str:
         with self._lock:
@@ -381,7 +386,7 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 
 
-def _send_frames(sock: zmq.Socket, frames: list[bytes]) -> None:
+def _send_frames(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
     """send_multipart(frames, NOBLOCK) with plain int flags.
 
     pyzmq's send_multipart combines enum flags per frame in Python and goes
@@ -505,7 +510,8 @@ class IOPubTask:
             # still the open tail of the queue: let it gather the rest of the
             # line (FIRST_WRITE_DELAY), or of a flood (STREAM_INTERVAL)
             wait = max(FIRST_WRITE_DELAY, self._last_stream + STREAM_INTERVAL - time.monotonic())
-            await self.queue.wait_sealed(b, wait)
+            with trio.move_on_after(wait):
+                await self.queue.wait_sealed(b)
         text = self.queue.take_text(b)
         msg = self.builder.iopub("stream", {"name": b.name, "text": text}, b.parent)
         self._last_stream = time.monotonic()

@@ -17,32 +17,46 @@ main thread, where user code runs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from .config import KernelConfig
-from .dispatch import Dispatcher
-from .iopub import IOPubQueue, IOPubTask
-from .messages import MessageBuilder
-from .sockets import TrioSocket
-from .stdinbridge import StdinBridge
-from .userrun import UserRun
 from .debugger import not_traced
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    from .config import KernelConfig
+    from .dispatch import Dispatcher
+    from .iopub import IOPubQueue, IOPubTask
+    from .messages import MessageBuilder
+    from .sockets import TrioSocket
+    from .stdinbridge import StdinBridge
     from .subshells import SubshellRegistry
+    from .userrun import UserRun
 
 log = logging.getLogger("trikernel.iorun")
 
 #: Seconds the iopub task gets to flush pending messages at shutdown.
 FLUSH_TIMEOUT = 5.0
+
+
+class Service(Protocol):
+    """An extra io-run task (e.g. the gateway comm port, commport.py).
+
+    The io run starts it with ``await nursery.start(service)``, so it is
+    called as ``service(task_status=...)`` on the io thread; it calls
+    ``task_status.started()`` once it serves and runs until the io run
+    cancels it at shutdown (trio's ``serve_listeners`` convention).
+    """
+
+    def __call__(self, *, task_status: trio.TaskStatus[None] = ...) -> Awaitable[None]: ...
 
 
 @dataclass
@@ -58,7 +72,7 @@ class IORunParts:
     user_run: UserRun
     config: KernelConfig
     #: extra io-run services (e.g. a gateway comm port), each started with task_status
-    services: tuple[Callable[..., object], ...] = ()
+    services: tuple[Service, ...] = ()
     #: the subshells (JEP 91), stopped beside the main user run at shutdown
     subshells: SubshellRegistry | None = None
 
@@ -93,10 +107,8 @@ class IORun:
     def request_shutdown(self) -> None:
         """Begin an orderly shutdown (thread-safe; idempotent)."""
         if self._token is not None and self._shutdown is not None:
-            try:
+            with contextlib.suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(self._shutdown.set)
-            except trio.RunFinishedError:
-                pass
 
     def join(self, timeout: float) -> bool:
         """Wait for the io thread; True if it has ended."""

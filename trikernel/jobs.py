@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,17 +27,19 @@ import trio
 
 from . import outstream, shellstate
 from .debugger import not_traced
-from .iopub import IOPubQueue
-from .messages import MessageBuilder
-from .wire import Message
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from comm.base_comm import CommManager
 
     from .config import ConnectionInfo
+    from .iopub import IOPubQueue
     from .messagelog import MessageLog
+    from .messages import MessageBuilder
     from .shell import TrikernelShell
     from .stdinbridge import StdinBridge
+    from .wire import Message
 
 
 class ShellJobs:
@@ -72,16 +73,18 @@ class ShellJobs:
         from . import shell as shell_mod
 
         silent = bool(msg.content.get("silent", False))
-        with self.parents.running(msg, execute=True):
+        with (
+            self.parents.running(msg, execute=True),
             # the cell takes its number now: a cell on another lane may start meanwhile
-            with shellstate.cell(self.shell, bool(msg.content.get("store_history", not silent))) as number:
-                if not silent:
-                    code = msg.content.get("code", "")
-                    code = code if isinstance(code, str) else str(code)  # what shell.execute runs
-                    self.shell.publisher.send("execute_input", {"code": code, "execution_count": number})
-                return await shell_mod.execute(
-                    self.shell, msg.content, lambda prompt, password: self.stdin.request_input(msg, prompt, password)
-                )
+            shellstate.cell(self.shell, bool(msg.content.get("store_history", not silent))) as number,
+        ):
+            if not silent:
+                code = msg.content.get("code", "")
+                code = code if isinstance(code, str) else str(code)  # what shell.execute runs
+                self.shell.publisher.send("execute_input", {"code": code, "execution_count": number})
+            return await shell_mod.execute(
+                self.shell, msg.content, lambda prompt, password: self.stdin.request_input(msg, prompt, password)
+            )
 
     def complete(self, msg: Message) -> dict[str, Any]:
         from . import shell as shell_mod

@@ -14,17 +14,16 @@ dispatch.py (io run) → userrun.py (hand-off) → jobs.py (user run) → back.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .badinput import BadInputLog
 from . import fdcapture
-from .config import ConnectionInfo, KernelConfig
+from .badinput import BadInputLog
 from .debugger import Debugger, DebuggerDeps, not_traced
 from .dispatch import DispatchDeps, Dispatcher
 from .heartbeat import Heartbeat
@@ -41,6 +40,8 @@ from .userrun import UserRun
 from .wire import Signer
 
 if TYPE_CHECKING:
+    from .config import ConnectionInfo, KernelConfig
+    from .iorun import Service
     from .messagelog import MessageLog
     from .strict import StrictCheck
 
@@ -69,7 +70,7 @@ class Kernel:
         bound: BoundSockets,
         *,
         iopub_nodrop: bool = True,
-        services: tuple[Callable[..., Any], ...] = (),
+        services: tuple[Service, ...] = (),
         connection_file: str | None = None,
         strict: StrictCheck | None = None,
         message_log: MessageLog | None = None,
@@ -172,11 +173,9 @@ class Kernel:
         the io run interrupts the busy subshells (JEP 91: interrupts are
         kernel-wide) and lets the debugger resume a thread stopped at a
         breakpoint (debugger.py ``after_interrupt``)."""
-        try:
+        with contextlib.suppress(trio.RunFinishedError):  # the io run has ended (shutdown)
             self.io.token.run_sync_soon(self.subshells.interrupt_busy)
             self.io.token.run_sync_soon(self.debugger.after_interrupt)
-        except trio.RunFinishedError:
-            pass  # the io run has ended (shutdown)
 
     def request_shutdown(self) -> None:
         """Begin an orderly shutdown (thread-safe)."""

@@ -21,8 +21,10 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 KERNEL_NAME = "trikernel"
 DISPLAY_NAME = "Python 3 (trikernel)"

@@ -53,6 +53,7 @@ the defaults; a few hundred bytes per line in practice).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -64,9 +65,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
+from .debugger import not_traced
 from .errors import ConfigError
 from .wire import DELIM
-from .debugger import not_traced
 
 if TYPE_CHECKING:
     from .config import ConnectionInfo, KernelConfig
@@ -376,10 +377,8 @@ class MessageLog:
             self._write(chunk)
             if closing and not self._queue:
                 break
-        try:
+        with contextlib.suppress(OSError):
             self._file.close()
-        except OSError:
-            pass
         with self._progress:
             self._closed = True
             self._progress.notify_all()

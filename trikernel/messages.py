@@ -64,9 +64,7 @@ class MessageBuilder:
         msg_type = reply_type(request.msg_type)
         return self.msg(msg_type, content, request.header, metadata=metadata, identities=request.identities)
 
-    def iopub(
-        self, msg_type: str, content: dict[str, Any], parent_header: dict[str, Any] | None, **kw: Any
-    ) -> Message:
+    def iopub(self, msg_type: str, content: dict[str, Any], parent_header: dict[str, Any] | None, **kw: Any) -> Message:
         """An IOPub message with the ``kernel.<pid>.<msg_type>`` topic."""
         return self.msg(msg_type, content, parent_header, identities=(iopub_topic(msg_type),), **kw)
 

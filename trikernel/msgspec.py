@@ -520,10 +520,9 @@ def _rule_transient(content: Mapping[str, Any], section: str, *, required: bool)
     if not isinstance(transient, Mapping):
         got = "missing" if "transient" not in content else _short(transient)
         return [Violation("content.transient", "an object with a display_id", got, section)]
-    if "display_id" in transient or required:
-        if not isinstance(transient.get("display_id"), str):
-            got = "missing" if "display_id" not in transient else _short(transient["display_id"])
-            return [Violation("content.transient.display_id", "a string", got, section)]
+    if ("display_id" in transient or required) and not isinstance(transient.get("display_id"), str):
+        got = "missing" if "display_id" not in transient else _short(transient["display_id"])
+        return [Violation("content.transient.display_id", "a string", got, section)]
     return []
 
 

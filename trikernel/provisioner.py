@@ -33,7 +33,6 @@ jupyter_client docs/kernels.rst (registration files), docs/provisioning.rst.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import pathlib
@@ -42,13 +41,12 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
-from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.localinterfaces import is_local_ip, local_ips
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Bool, Enum, Float, Integer, Unicode
 
@@ -63,6 +61,9 @@ from .handshake import (
     parse_registration_frames,
 )
 from .wire import Signer
+
+if TYPE_CHECKING:
+    from jupyter_client.connect import KernelConnectionInfo
 
 log = logging.getLogger("trikernel.provisioner")
 
@@ -164,7 +165,7 @@ class _StderrTail:
             return bytes(self._tail).decode("utf-8", "replace")
 
 
-class HandshakeProvisioner(LocalProvisioner):  # type: ignore[misc]
+class HandshakeProvisioner(LocalProvisioner):
     """LocalProvisioner that uses the JEP 66 handshake where the kernelspec declares it.
 
     Switch on per kernelspec with ``"kernel_protocol_version": "5.6"`` (or
@@ -227,8 +228,8 @@ class HandshakeProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     _use_handshake: bool = False
     _registration_path: pathlib.Path | None = None
-    _zmq_context: zmq.Context | None = None
-    _reg_socket: zmq.Socket | None = None
+    _zmq_context: zmq.Context[zmq.Socket[bytes]] | None = None
+    _reg_socket: zmq.Socket[bytes] | None = None
     _reg_url: str = ""
     _stderr_tail: _StderrTail | None = None
 
@@ -445,7 +446,8 @@ class HandshakeProvisioner(LocalProvisioner):  # type: ignore[misc]
         """Poll the registration socket and the process until one registration is accepted."""
         km = self._km
         sock = self._reg_socket
-        assert sock is not None and self.process is not None
+        assert sock is not None
+        assert self.process is not None
         signer = Signer(km.session.key, km.session.signature_scheme)
         deadline = time.monotonic() + self.handshake_timeout
         rejected: list[str] = []
@@ -473,7 +475,7 @@ class HandshakeProvisioner(LocalProvisioner):  # type: ignore[misc]
             await asyncio.sleep(POLL_INTERVAL)
 
     def _handle_registration(
-        self, sock: zmq.Socket, frames: list[bytes], signer: Signer, rejected: list[str]
+        self, sock: zmq.Socket[bytes], frames: list[bytes], signer: Signer, rejected: list[str]
     ) -> KernelRegistration | None:
         """Verify one registration; reply; return it if accepted, else record why not."""
         try:
@@ -497,7 +499,7 @@ class HandshakeProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     @staticmethod
     def _reply(
-        sock: zmq.Socket, prefix: list[bytes], reg: KernelRegistration, signer: Signer, *, error: str | None
+        sock: zmq.Socket[bytes], prefix: list[bytes], reg: KernelRegistration, signer: Signer, *, error: str | None
     ) -> None:
         if reg.dialect is Dialect.J:
             body = build_ack_j(signer, error=error)

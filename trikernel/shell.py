@@ -14,7 +14,6 @@ import base64
 import logging
 import os
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -32,9 +31,11 @@ from traitlets import Instance, Type
 
 from . import awaitmagics, debugger, guiloop, shellstate, tracebacks
 from .errors import GuiError
-from .outstream import Publisher
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .outstream import Publisher
     from .shellkernel import ShellKernel
 
 log = logging.getLogger("trikernel.shell")
@@ -67,7 +68,7 @@ def send_display(publisher: Publisher, msg_type: str, content: dict[str, Any]) -
 class TrikernelDisplayPublisher(DisplayPublisher):
     publisher = TAny()
 
-    def publish(  # type: ignore[override]
+    def publish(
         self,
         data: dict[str, Any],
         metadata: dict[str, Any] | None = None,
@@ -132,11 +133,14 @@ class TrikernelShell(InteractiveShell):
     compiler_class = Type(CellCompiler)
     displayhook_class = Type(TrikernelDisplayHook)
     display_pub_class = Type(TrikernelDisplayPublisher)
+    # what IPython's init_displayhook / init_display_pub make of the classes above
+    displayhook: TrikernelDisplayHook
+    display_pub: TrikernelDisplayPublisher
     exiter = Instance(ZMQExitAutocall)
     publisher = TAny()
     # per shell lane (main shell, subshells): cells on two lanes run at once (shellstate.py)
-    execution_count = shellstate.ExecutionCount()  # type: ignore[assignment]
-    payload_manager = shellstate.PerLane(lambda shell: PayloadManager(parent=shell))  # type: ignore[assignment]
+    execution_count = shellstate.ExecutionCount()
+    payload_manager = shellstate.PerLane(lambda shell: PayloadManager(parent=shell))
     _last_traceback = shellstate.PerLane(lambda shell: [])
 
     def _exiter_default(self) -> ZMQExitAutocall:
@@ -221,11 +225,9 @@ class TrikernelShell(InteractiveShell):
     def init_traceback_handlers(self, custom_exceptions: Any) -> None:
         super().init_traceback_handlers(custom_exceptions)
         # as IPython's, with machinery frames hidden and text that cannot fail (tracebacks.py)
-        self.InteractiveTB = tracebacks.TrikernelTB(  # type: ignore[no-untyped-call]
-            mode=self.xmode, theme_name=self.colors, tb_offset=1
-        )
+        self.InteractiveTB = tracebacks.TrikernelTB(mode=self.xmode, theme_name=self.colors, tb_offset=1)
 
-    def showtraceback(  # type: ignore[override]
+    def showtraceback(
         self,
         exc_tuple: Any = None,
         filename: str | None = None,
@@ -263,7 +265,7 @@ class TrikernelShell(InteractiveShell):
             print("\n" + tracebacks.one_line(etype, value)[0], file=sys.stderr)
 
     def showsyntaxerror(self, filename: str | None = None, running_compiled_code: bool = False) -> None:
-        etype, value, tb = self._get_exc_info()
+        etype, value, _tb = self._get_exc_info()
         try:
             super().showsyntaxerror(filename, running_compiled_code)
         except Exception:
@@ -300,6 +302,18 @@ class TrikernelShell(InteractiveShell):
 
 
 InteractiveShellABC.register(TrikernelShell)
+
+
+def transform_cell(shell: InteractiveShell, code: str) -> tuple[str, Any]:
+    """``(transformed, preprocessing_exc_tuple)`` for ``shell.run_cell_async``,
+    as IPython's ``run_cell`` makes them: a transform that raises leaves the
+    cell as it is and hands the ``sys.exc_info()`` triple on, for
+    ``run_cell_async`` to show (the exc tuple is None otherwise). Main thread.
+    """
+    try:
+        return shell.transform_cell(code), None
+    except Exception:  # as IPython's run_cell: shown by run_cell_async
+        return code, sys.exc_info()
 
 
 def create_shell(publisher: Publisher) -> TrikernelShell:
@@ -358,12 +372,7 @@ async def execute(
     if isinstance(shell.displayhook, TrikernelDisplayHook):
         shell.displayhook.formatting = False  # left set if the last result's formatting raised out
     with shellstate.route_input(fwd.input if allow_stdin else _no_stdin, fwd.getpass if allow_stdin else _no_stdin):
-        preprocessing_exc_tuple = None
-        try:
-            transformed = shell.transform_cell(code)
-        except Exception:  # noqa: BLE001 - as IPython's run_cell: shown by run_cell_async
-            transformed = code
-            preprocessing_exc_tuple = sys.exc_info()
+        transformed, preprocessing_exc_tuple = transform_cell(shell, code)
         try:
             try:
                 result = await shell.run_cell_async(
@@ -373,7 +382,7 @@ async def execute(
                     transformed_cell=transformed,
                     preprocessing_exc_tuple=preprocessing_exc_tuple,
                 )
-            except Exception as exc:  # noqa: BLE001 - IPython failed around the cell: shown, answered, never the kernel's
+            except Exception as exc:  # IPython failed around the cell: shown, answered, never the kernel's
                 log.debug("run_cell_async raised", exc_info=True)
                 shell.showtraceback()
                 result = ExecutionResult(None)

@@ -20,13 +20,15 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from .channels import CHANNELS, REQUEST_CHANNELS, SOCKET_TYPE_NAMES
-from .config import ConnectionInfo
 from .errors import BindError, ConfigError
+
+if TYPE_CHECKING:
+    from .config import ConnectionInfo
 
 log = logging.getLogger("trikernel.sockets")
 
@@ -37,16 +39,16 @@ DROP_LOG_INTERVAL = 5.0
 SOCKET_TYPES: dict[str, int] = {c: int(getattr(zmq, t)) for c, t in SOCKET_TYPE_NAMES.items()}
 
 #: Called with (socket, channel) before bind; applies configured options.
-Configure = Callable[[zmq.Socket, str], None]
+Configure = Callable[[zmq.Socket[bytes], str], None]
 
 
 @dataclass
 class BoundSockets:
     """The five bound sockets and the ports they got."""
 
-    context: zmq.Context
-    hb_context: zmq.Context
-    sockets: dict[str, zmq.Socket]
+    context: zmq.Context[zmq.Socket[bytes]]
+    hb_context: zmq.Context[zmq.Socket[bytes]]
+    sockets: dict[str, zmq.Socket[bytes]]
     ports: dict[str, int]  # {"shell_port": n, ...}
 
     def close(self, linger: int | None = None, *, hb: bool = False) -> None:
@@ -63,7 +65,7 @@ class BoundSockets:
         self.hb_context.term()
 
 
-def _apply_curve(sock: zmq.Socket, conn: ConnectionInfo) -> None:
+def _apply_curve(sock: zmq.Socket[bytes], conn: ConnectionInfo) -> None:
     if conn.curve_secretkey is None:
         return
     if not zmq.has("curve"):
@@ -87,7 +89,7 @@ def create_and_bind(
     """
     ctx = zmq.Context()
     hb_ctx = zmq.Context()  # heartbeat on its own context: its C loop never shares an io thread
-    socks: dict[str, zmq.Socket] = {}
+    socks: dict[str, zmq.Socket[bytes]] = {}
     ports: dict[str, int] = {}
     try:
         for channel in CHANNELS:
@@ -149,7 +151,7 @@ def bind_in_range(sock: Any, what: str, url: Callable[[int], Any], port_range: t
     raise BindError(f"cannot bind {what}: no free port in the port range {lower}..{upper}")
 
 
-def _bind_random_ipc(sock: zmq.Socket, conn: ConnectionInfo) -> int:
+def _bind_random_ipc(sock: zmq.Socket[bytes], conn: ConnectionInfo) -> int:
     import os
 
     for n in range(1, 65536):

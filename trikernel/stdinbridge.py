@@ -24,22 +24,24 @@ With ``--strict`` an ``input_reply`` that departs from the spec (no
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
 
 from .badinput import BadInputLog, short
-from .messages import MessageBuilder
-from .sockets import TrioSocket
 from .strict import Refused, refusal
 from .wire import Message, Signer, serialize
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .iopub import IOPubQueue
     from .messagelog import MessageLog
+    from .messages import MessageBuilder
+    from .sockets import TrioSocket
 
 log = logging.getLogger("trikernel.stdin")
 
@@ -107,10 +109,8 @@ class StdinBridge:
             while not slot.event.wait(POLL_INTERVAL):
                 pass
         except KeyboardInterrupt:
-            try:
+            with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(self._pending.pop, msg.msg_id, None)
-            except trio.RunFinishedError:
-                pass
             raise
         if slot.value == "\x04":
             raise EOFError("end of input")

@@ -27,6 +27,7 @@ first, since only the main thread's system calls are broken by the signal.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -110,7 +111,9 @@ class SubshellRun(UserRun):
         self._runner: Any = None
         self._interrupt_steps: int | None = None
         # not traced: the debugger stops user code on the main thread only
-        self.thread = not_traced(threading.Thread(target=self._thread_main, name=THREAD_PREFIX + subshell_id, daemon=True))
+        self.thread = not_traced(
+            threading.Thread(target=self._thread_main, name=THREAD_PREFIX + subshell_id, daemon=True)
+        )
 
     def start(self) -> None:
         """Start the thread (io run)."""
@@ -135,10 +138,8 @@ class SubshellRun(UserRun):
         self._runner = _current_runner()
 
     def _tell_io(self, fn: Callable[[], None]) -> None:
-        try:
+        with contextlib.suppress(trio.RunFinishedError):  # the io run has ended (shutdown)
             self._io_token.run_sync_soon(fn)
-        except trio.RunFinishedError:
-            pass  # the io run has ended (shutdown)
 
     # -- io run --------------------------------------------------------------------
     def interrupt(self) -> None:

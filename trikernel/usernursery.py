@@ -17,12 +17,14 @@ then opens a fresh nursery, and the kernel's loop is untouched.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from .outstream import current_request
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 log = logging.getLogger("trikernel.usernursery")
 

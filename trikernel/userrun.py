@@ -34,17 +34,20 @@ the end of the request that made it; a kernel started with SIGINT ignored
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import signal
 import threading
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from . import guestrun
 from .errors import KernelShuttingDown
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 log = logging.getLogger("trikernel.userrun")
 
@@ -96,10 +99,9 @@ class Job:
             self._finish()
 
     def _finish(self) -> None:
-        try:
+        # the io run already ended (shutdown): nobody waits for this job
+        with contextlib.suppress(trio.RunFinishedError):
             self._io_token.run_sync_soon(self.done.set)
-        except trio.RunFinishedError:
-            pass  # the io run already ended (shutdown): nobody waits for this job
 
 
 @trio.lowlevel.disable_ki_protection
@@ -128,6 +130,7 @@ class UserRun:
         self.stopped = threading.Event()
         self.nursery: trio.Nursery | None = None
         self.busy = False
+        self._concurrent = 0  # concurrent jobs (comm handlers) running now
         self.stopping = False
         self._send: trio.MemorySendChannel[Job | _Stop] | None = None
         self._trio_sigint: Any = None  # trio's SIGINT handler (wrapped), once the run is up
@@ -160,7 +163,7 @@ class UserRun:
             raise KernelShuttingDown("the user run is not running")
         nursery = self.nursery
         try:
-            self.token.run_sync_soon(nursery.start_soon, _run_concurrent, job)
+            self.token.run_sync_soon(nursery.start_soon, self._run_concurrent, job)
         except trio.RunFinishedError:
             raise KernelShuttingDown("the user run has ended") from None
 
@@ -169,10 +172,8 @@ class UserRun:
         self.stopping = True
         if self.token is None or self._send is None:
             return
-        try:
+        with contextlib.suppress(trio.RunFinishedError):
             self.token.run_sync_soon(self._send.send_nowait, _Stop())
-        except trio.RunFinishedError:
-            pass
 
     def interrupt(self) -> None:
         """Interrupt the user code running on the main thread (thread-safe).
@@ -182,10 +183,16 @@ class UserRun:
         SIGINT to ``SIG_DFL`` or ``SIG_IGN`` itself, a signal would kill the
         kernel or do nothing: then KeyboardInterrupt is raised in the main
         thread as an asynchronous exception instead (it lands at the next
-        Python bytecode, not inside a blocking C call).
+        Python bytecode, not inside a blocking C call). While no job (cell or
+        comm handler) runs it is ignored (busy subshells still get it), so it never
+        lands in a cell that starts after it; a signal-mode SIGINT is
+        treated the same by the handler.
         """
         main = threading.main_thread().ident
         assert main is not None
+        if not self._interruptible:
+            self._ignore_idle_interrupt()
+            return
         if signal.getsignal(signal.SIGINT) in (signal.SIG_DFL, signal.SIG_IGN, None):
             log.warning("SIGINT is disabled by user code; raising KeyboardInterrupt in the main thread instead")
             if self.on_interrupt is not None:
@@ -265,12 +272,40 @@ class UserRun:
             return trio_handler
 
         def handler(signum: int, frame: Any) -> None:
+            if not self._interruptible:
+                self._ignore_idle_interrupt()
+                return
             if self.on_interrupt is not None:
                 self.on_interrupt()
             trio_handler(signum, frame)
 
         signal.signal(signal.SIGINT, handler)
         return handler
+
+    @trio.lowlevel.enable_ki_protection
+    async def _run_concurrent(self, job: Job) -> None:
+        """A concurrent job (comm handler) as a task of the user nursery;
+        while it runs an interrupt is delivered (it is the code running)."""
+        self._concurrent += 1
+        try:
+            await job.run()
+        finally:
+            self._concurrent -= 1
+
+    @property
+    def _interruptible(self) -> bool:
+        """A sequential or concurrent job is running (read from any thread)."""
+        return self.busy or self._concurrent > 0
+
+    def _ignore_idle_interrupt(self) -> None:
+        """An interrupt while no job runs: nothing of the main shell to stop.
+        Busy subshells still get it (``on_interrupt``). Not handed to trio:
+        trio would hold a SIGINT caught in KI-protected code until the next
+        checkpoint, which may be inside the next cell (the cell was not
+        running when the interrupt was asked for; found by the fuzzer)."""
+        log.info("interrupt while idle: ignored")
+        if self.on_interrupt is not None:
+            self.on_interrupt()
 
     def _restore_sigint(self) -> None:
         """Put trio's SIGINT handler back if user code replaced it."""
@@ -280,12 +315,6 @@ class UserRun:
         if current is not self._trio_sigint:
             signal.signal(signal.SIGINT, self._trio_sigint)
             log.info("SIGINT disposition was changed by user code (%r); restored so interrupts keep working", current)
-
-
-@trio.lowlevel.enable_ki_protection
-async def _run_concurrent(job: Job) -> None:
-    """A concurrent job (comm handler) as a task of the user nursery."""
-    await job.run()
 
 
 def _only_interrupts(exc: BaseException) -> bool:

@@ -26,13 +26,15 @@ import numbers
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import accumulate
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, ProtocolError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 DELIM = b"<IDS|MSG>"
 PROTOCOL_VERSION = "5.5"

@@ -32,6 +32,7 @@ from .. import msgspec
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+
     from .client import Received
 
 CATEGORIES = ("header", "msg_id", "date", "version", "signature", "content", "parent")

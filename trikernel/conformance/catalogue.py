@@ -21,15 +21,16 @@ from __future__ import annotations
 import fnmatch
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Literal, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 from .snippets import Python, for_language
 from .verdict import Skip, Verdict
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
     from .client import Channels
     from .kernel import Deadlines, KernelUnderTest
-    from collections.abc import Callable, Iterable
 
 Phase = Literal["shared", "audit", "final", "fresh"]
 PHASES: tuple[Phase, ...] = ("shared", "audit", "final", "fresh")
@@ -92,14 +93,20 @@ CHECK_MODULES = (
 
 
 def check(
-    name: str, section: str, summary: str, *, phase: Phase = "shared"
+    name: str, section: str, summary: str | None = None, *, phase: Phase = "shared"
 ) -> Callable[[Callable[[Ctx], Verdict]], Callable[[Ctx], Verdict]]:
-    """Register a check function under ``name`` (unique)."""
+    """Register a check function under ``name`` (unique), for the spec
+    ``section``. ``summary``, the claim the report's row makes, is the
+    function's docstring unless given (its lines joined by single spaces).
+    ValueError for a name used twice or a check with no summary."""
 
     def register(fn: Callable[[Ctx], Verdict]) -> Callable[[Ctx], Verdict]:
         if name in _REGISTRY:
             raise ValueError(f"duplicate check name {name!r}")
-        _REGISTRY[name] = Check(name, section, summary, fn, phase)
+        claim = summary if summary is not None else " ".join((fn.__doc__ or "").split())
+        if not claim:
+            raise ValueError(f"check {name!r} has no summary")
+        _REGISTRY[name] = Check(name, section, claim, fn, phase)
         return fn
 
     return register

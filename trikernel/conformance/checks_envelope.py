@@ -59,56 +59,28 @@ def _report(ctx: Ctx, category: str, what: str) -> Verdict:
     return verdict(False, f"{t.bad:,} of {t.checked:,} {what} depart; e.g. " + " | ".join(t.examples))
 
 
-@check(
-    "messages.header",
-    SECTIONS["header"],
-    "every message parses: four JSON objects; header msg_id, msg_type, session, username are strings",
-    phase="audit",
+def _audit_check(category: str, summary: str, what: str = "messages") -> None:
+    """Register ``messages.<category>``: what the audit's tally of
+    ``category`` (``audit.SECTIONS``) found over ``what``."""
+
+    def run(ctx: Ctx) -> Verdict:
+        return _report(ctx, category, what)
+
+    run.__name__ = run.__qualname__ = f"messages_{category}"
+    check(f"messages.{category}", SECTIONS[category], summary, phase="audit")(run)
+
+
+# one row per audit category, in this order
+_audit_check(
+    "header", "every message parses: four JSON objects; header msg_id, msg_type, session, username are strings"
 )
-def messages_header(ctx: Ctx) -> Verdict:
-    return _report(ctx, "header", "messages")
-
-
-@check("messages.msg_id", SECTIONS["msg_id"], "no msg_id is used twice", phase="audit")
-def messages_msg_id(ctx: Ctx) -> Verdict:
-    return _report(ctx, "msg_id", "messages")
-
-
-@check("messages.date", SECTIONS["date"], "every header date is an ISO 8601 timestamp", phase="audit")
-def messages_date(ctx: Ctx) -> Verdict:
-    return _report(ctx, "date", "messages")
-
-
-@check("messages.version", SECTIONS["version"], "every header version is a 5.x protocol version", phase="audit")
-def messages_version(ctx: Ctx) -> Verdict:
-    return _report(ctx, "version", "messages")
-
-
-@check(
-    "messages.signature",
-    SECTIONS["signature"],
-    "every message is signed with the connection key (HMAC of the four frames)",
-    phase="audit",
-)
-def messages_signature(ctx: Ctx) -> Verdict:
-    return _report(ctx, "signature", "messages")
-
-
-@check(
-    "messages.content",
-    SECTIONS["content"],
-    "every content matches its msg_type's schema, on its channel; no deprecated forms",
-    phase="audit",
-)
-def messages_content(ctx: Ctx) -> Verdict:
-    return _report(ctx, "content", "messages")
-
-
-@check(
-    "messages.parent",
-    SECTIONS["parent"],
+_audit_check("msg_id", "no msg_id is used twice")
+_audit_check("date", "every header date is an ISO 8601 timestamp")
+_audit_check("version", "every header version is a 5.x protocol version")
+_audit_check("signature", "every message is signed with the connection key (HMAC of the four frames)")
+_audit_check("content", "every content matches its msg_type's schema, on its channel; no deprecated forms")
+_audit_check(
+    "parent",
     "every reply (and input_request) has its request's header as parent_header and the matching *_reply type",
-    phase="audit",
+    what="replies",
 )
-def messages_parent(ctx: Ctx) -> Verdict:
-    return _report(ctx, "parent", "replies")

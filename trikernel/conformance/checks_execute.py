@@ -6,6 +6,7 @@ results", "Execution errors", "Request-Reply", "Kernel status", "Code inputs".
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
@@ -20,6 +21,13 @@ OUTPUTS = frozenset({"stream", "display_data", "update_display_data", "execute_r
 
 def _count(reply: Received) -> Any:
     return reply.content.get("execution_count")
+
+
+def _counter_now(ctx: Ctx, **kw: Any) -> Any:
+    """The execution_count in the reply to a no-op cell (stored unless ``kw``
+    says otherwise); Fail unless it runs."""
+    reply, _ = run_ok(ctx, ctx.code.noop, **kw)
+    return _count(reply)
 
 
 def run_ok(ctx: Ctx, code: str, **kw: Any) -> tuple[Received, list[Received]]:
@@ -58,29 +66,24 @@ def _kernel_info(ctx: Ctx, channel: str) -> Verdict:
     return verdict(pv.startswith("5."), fig if pv.startswith("5.") else f"protocol_version {pv!r} is not 5.x")
 
 
-@check("kernel_info.shell", S["kernel_info_reply"], "kernel_info_reply on shell: status ok, full content, protocol 5.x")
+@check("kernel_info.shell", S["kernel_info_reply"])
 def kernel_info_shell(ctx: Ctx) -> Verdict:
+    """kernel_info_reply on shell: status ok, full content, protocol 5.x"""
     return _kernel_info(ctx, "shell")
 
 
-@check(
-    "kernel_info.control",
-    S["kernel_info_reply"] + " (on control, new in 5.5)",
-    "kernel_info_request on control is answered on control",
-)
+@check("kernel_info.control", S["kernel_info_reply"] + " (on control, new in 5.5)")
 def kernel_info_control(ctx: Ctx) -> Verdict:
+    """kernel_info_request on control is answered on control"""
     return _kernel_info(ctx, "control")
 
 
 # -- execute -----------------------------------------------------------------------
 
 
-@check(
-    "execute.stream",
-    S["execute_request"] + "; " + S["stream"],
-    "print() reaches IOPub as stdout; reply ok; execute_input echoes the code",
-)
+@check("execute.stream", S["execute_request"] + "; " + S["stream"])
 def execute_stream(ctx: Ctx) -> Verdict:
+    """print() reaches IOPub as stdout; reply ok; execute_input echoes the code"""
     code = ctx.code.say("conformance hello")
     reply, msgs = run_ok(ctx, code)
     text = stream_text(msgs)
@@ -96,12 +99,9 @@ def execute_stream(ctx: Ctx) -> Verdict:
     return passed(f"stdout {text!r}, execution_count {_count(reply)}")
 
 
-@check(
-    "execute.result",
-    S["execute_result"],
-    "an expression gives execute_result with text/plain and the reply's execution_count",
-)
+@check("execute.result", S["execute_result"])
 def execute_result(ctx: Ctx) -> Verdict:
+    """an expression gives execute_result with text/plain and the reply's execution_count"""
     reply, msgs = run_ok(ctx, ctx.code.result)
     results = [m for m in msgs if m.msg_type == "execute_result"]
     if len(results) != 1:
@@ -115,54 +115,40 @@ def execute_result(ctx: Ctx) -> Verdict:
     return passed(f"text/plain {text!r}, execution_count {_count(reply)}")
 
 
-@check(
-    "execute.counter",
-    S["execute_reply"] + "; messaging § Execution counter",
-    "each stored execution increments execution_count by one",
-)
+@check("execute.counter", S["execute_reply"] + "; messaging § Execution counter")
 def execute_counter(ctx: Ctx) -> Verdict:
-    first, _ = run_ok(ctx, ctx.code.noop)
-    second, _ = run_ok(ctx, ctx.code.noop)
-    a, b = _count(first), _count(second)
+    """each stored execution increments execution_count by one"""
+    a = _counter_now(ctx)
+    b = _counter_now(ctx)
     return verdict(isinstance(a, int) and b == a + 1, f"counts {a} then {b}")
 
 
-@check(
-    "execute.store_history_false",
-    "messaging § Execution counter",
-    "store_history=False does not advance the counter; the reply gives its current value",
-)
+@check("execute.store_history_false", "messaging § Execution counter")
 def execute_store_history_false(ctx: Ctx) -> Verdict:
-    before, _ = run_ok(ctx, ctx.code.noop)
-    n = _count(before)
-    off, _ = run_ok(ctx, ctx.code.noop, store_history=False)
-    after, _ = run_ok(ctx, ctx.code.noop)
-    fig = f"stored {n}, unstored reply {_count(off)}, next stored {_count(after)}"
-    if _count(after) != n + 1:
+    """store_history=False does not advance the counter; the reply gives its current value"""
+    n = _counter_now(ctx)
+    off = _counter_now(ctx, store_history=False)
+    after = _counter_now(ctx)
+    fig = f"stored {n}, unstored reply {off}, next stored {after}"
+    if after != n + 1:
         return failed(fig + f" (expected {n + 1}: the unstored request advanced the counter)")
-    return verdict(_count(off) in (n, n + 1), fig)
+    return verdict(off in (n, n + 1), fig)
 
 
-@check(
-    "execute.silent",
-    S["execute_request"] + " (silent)",
-    "silent=True: no execute_input, no output, no execute_result; counter unchanged",
-)
+@check("execute.silent", S["execute_request"] + " (silent)")
 def execute_silent(ctx: Ctx) -> Verdict:
-    before, _ = run_ok(ctx, ctx.code.noop)
-    reply, msgs = run_ok(ctx, ctx.code.say("conformance silent") + "\n" + ctx.code.result, silent=True)
-    after, _ = run_ok(ctx, ctx.code.noop)
+    """silent=True: no execute_input, no output, no execute_result; counter unchanged"""
+    before = _counter_now(ctx)
+    _reply, msgs = run_ok(ctx, ctx.code.say("conformance silent") + "\n" + ctx.code.result, silent=True)
+    after = _counter_now(ctx)
     loud = sorted({m.msg_type for m in msgs if m.msg_type not in ("status",)})
-    fig = f"IOPub of the silent request: {loud or 'status only'}; counts {_count(before)} -> {_count(after)}"
-    return verdict(not loud and _count(after) == _count(before) + 1, fig)
+    fig = f"IOPub of the silent request: {loud or 'status only'}; counts {before} -> {after}"
+    return verdict(not loud and after == before + 1, fig)
 
 
-@check(
-    "execute.user_expressions",
-    S["execute_request"] + " (user_expressions)",
-    "user_expressions are evaluated; an error in one is reported in that key only",
-)
+@check("execute.user_expressions", S["execute_request"] + " (user_expressions)")
 def execute_user_expressions(ctx: Ctx) -> Verdict:
+    """user_expressions are evaluated; an error in one is reported in that key only"""
     exprs = {"good": ctx.code.result, "bad": ctx.code.error}
     reply, _ = run_ok(ctx, ctx.code.noop, user_expressions=exprs)
     ue = reply.content.get("user_expressions") or {}
@@ -172,12 +158,9 @@ def execute_user_expressions(ctx: Ctx) -> Verdict:
     return verdict(good.get("status") == "ok" and text == ctx.code.result_text and bad.get("status") == "error", fig)
 
 
-@check(
-    "execute.error",
-    S["error"] + "; " + msgspec.SEC_REQUEST_REPLY,
-    "an exception gives an error reply and one IOPub error with the same ename",
-)
+@check("execute.error", S["error"] + "; " + msgspec.SEC_REQUEST_REPLY)
 def execute_error(ctx: Ctx) -> Verdict:
+    """an exception gives an error reply and one IOPub error with the same ename"""
     reply, msgs = ctx.ch.run(ctx.code.error, ctx.t.reply, stop_on_error=False)
     c = reply.content
     errors = [m for m in msgs if m.msg_type == "error"]
@@ -193,12 +176,9 @@ def execute_error(ctx: Ctx) -> Verdict:
     return passed(fig)
 
 
-@check(
-    "execute.display",
-    S["update_display_data"],
-    "display_data with a display_id, then update_display_data with the same id",
-)
+@check("execute.display", S["update_display_data"])
 def execute_display(ctx: Ctx) -> Verdict:
+    """display_data with a display_id, then update_display_data with the same id"""
     _, msgs = run_ok(ctx, ctx.code.update_display("conformance-a", "conformance-b"))
     shown = [m for m in msgs if m.msg_type == "display_data"]
     updated = [m for m in msgs if m.msg_type == "update_display_data"]
@@ -209,10 +189,9 @@ def execute_display(ctx: Ctx) -> Verdict:
     return verdict(isinstance(a, str) and a == b, f"display_id {a!r}, update's {b!r}")
 
 
-@check(
-    "execute.input_first", S["execute_input"] + "; " + S["status"], "IOPub order: busy, execute_input, outputs, idle"
-)
+@check("execute.input_first", S["execute_input"] + "; " + S["status"])
 def execute_input_first(ctx: Ctx) -> Verdict:
+    """IOPub order: busy, execute_input, outputs, idle"""
     _, msgs = run_ok(ctx, ctx.code.say("conformance order") + "\n" + ctx.code.result)
     order = [m.msg_type if m.msg_type != "status" else m.content.get("execution_state") for m in msgs]
     ok = (
@@ -229,6 +208,20 @@ def execute_input_first(ctx: Ctx) -> Verdict:
 # -- busy / idle -------------------------------------------------------------------
 
 
+def _queries(ctx: Ctx, history_n: int) -> list[tuple[str, dict[str, Any]]]:
+    """complete, inspect, is_complete and a history tail of ``history_n``
+    cells, sent on shell; (label, header). Needs the kernel's code snippets."""
+    ch, code = ctx.ch, ctx.code
+    inspect = {"code": code.inspect_found, "cursor_pos": len(code.inspect_found), "detail_level": 0}
+    history = {"output": False, "raw": True, "hist_access_type": "tail", "n": history_n}
+    return [
+        ("complete", ch.send("shell", "complete_request", {"code": "pri", "cursor_pos": 3})),
+        ("inspect", ch.send("shell", "inspect_request", inspect)),
+        ("is_complete", ch.send("shell", "is_complete_request", {"code": code.complete_code})),
+        ("history", ch.send("shell", "history_request", history)),
+    ]
+
+
 def _one_of_each(ctx: Ctx) -> list[tuple[str, dict[str, Any]]]:
     """One request of every kind the suite uses, sent; (label, header)."""
     ch = ctx.ch
@@ -238,33 +231,14 @@ def _one_of_each(ctx: Ctx) -> list[tuple[str, dict[str, Any]]]:
         ("comm_info", ch.send("shell", "comm_info_request", {})),
     ]
     if ctx.has_code:
-        code = ctx.code
-        reqs += [
-            ("execute", ch.execute(code.say("conformance busy"))),
-            ("complete", ch.send("shell", "complete_request", {"code": "pri", "cursor_pos": 3})),
-            (
-                "inspect",
-                ch.send(
-                    "shell",
-                    "inspect_request",
-                    {"code": code.inspect_found, "cursor_pos": len(code.inspect_found), "detail_level": 0},
-                ),
-            ),
-            ("is_complete", ch.send("shell", "is_complete_request", {"code": code.complete_code})),
-            (
-                "history",
-                ch.send("shell", "history_request", {"output": False, "raw": True, "hist_access_type": "tail", "n": 2}),
-            ),
-        ]
+        reqs.append(("execute", ch.execute(ctx.code.say("conformance busy"))))
+        reqs += _queries(ctx, history_n=2)
     return reqs
 
 
-@check(
-    "status.busy_idle",
-    S["status"] + " (busy/idle around every request, since 5.0)",
-    "every request gets exactly one busy and one idle, in that order, parented to it",
-)
+@check("status.busy_idle", S["status"] + " (busy/idle around every request, since 5.0)")
 def status_busy_idle(ctx: Ctx) -> Verdict:
+    """every request gets exactly one busy and one idle, in that order, parented to it"""
     ch = ctx.ch
     reqs = _one_of_each(ctx)
     bad: list[str] = []
@@ -277,10 +251,8 @@ def status_busy_idle(ctx: Ctx) -> Verdict:
     def all_idle() -> bool | None:
         return all(any(is_idle(m) for m in ch.for_parent(h["msg_id"], socket="iopub")) for _, h in reqs) or None
 
-    try:  # one deadline for all: the replies are in, so every idle is due
+    with contextlib.suppress(Fail):  # one deadline for all: the replies are in, so every idle is due
         ch.wait(all_idle, ctx.t.reply, "idle statuses")
-    except Fail:
-        pass
     ch.pump(0.05)
     for label, h in reqs:
         states = [
@@ -294,12 +266,9 @@ def status_busy_idle(ctx: Ctx) -> Verdict:
     return verdict(not bad, f"{n - len(bad)} of {n} requests bracketed" + (f"; {'; '.join(bad)}" if bad else ""))
 
 
-@check(
-    "status.reply_before_idle",
-    msgspec.SEC_REQUEST_REPLY + "; " + S["status"],
-    "the reply is sent before the idle status (kernel's header dates, else arrival order)",
-)
+@check("status.reply_before_idle", msgspec.SEC_REQUEST_REPLY + "; " + S["status"])
 def status_reply_before_idle(ctx: Ctx) -> Verdict:
+    """the reply is sent before the idle status (kernel's header dates, else arrival order)"""
     reqs = _one_of_each(ctx)
     from .audit import _when
 
@@ -339,7 +308,7 @@ def stop_on_error_run_all(ctx: Ctx) -> Verdict:
     r0 = ch.reply(first, ctx.t.reply)
     replies = [ch.reply(h, ctx.t.reply) for h in queued]
     statuses = sorted({str(r.content.get("status")) for r in replies})
-    after, msgs = run_ok(ctx, code.show(name))
+    _after, msgs = run_ok(ctx, code.show(name))
     ran = stream_text(msgs).strip()
     fig = (
         f"first cell {r0.content.get('status')}; {ran} of {QUEUED} queued cells ran; "
@@ -348,29 +317,13 @@ def stop_on_error_run_all(ctx: Ctx) -> Verdict:
     return verdict(r0.content.get("status") == "error" and ran == "0" and set(statuses) <= {"error", "aborted"}, fig)
 
 
-@check(
-    "stop_on_error.only_execute",
-    S["execute_request"] + " (stop_on_error aborts the execution queue)",
-    "requests other than execute queued behind a failing cell are answered normally",
-)
+@check("stop_on_error.only_execute", S["execute_request"] + " (stop_on_error aborts the execution queue)")
 def stop_on_error_only_execute(ctx: Ctx) -> Verdict:
+    """requests other than execute queued behind a failing cell are answered normally"""
     ch, code = ctx.ch, ctx.code
     first = ch.execute(code.sleep_then_fail(0.3))
     reqs = [
-        ("complete", ch.send("shell", "complete_request", {"code": "pri", "cursor_pos": 3})),
-        (
-            "inspect",
-            ch.send(
-                "shell",
-                "inspect_request",
-                {"code": code.inspect_found, "cursor_pos": len(code.inspect_found), "detail_level": 0},
-            ),
-        ),
-        ("is_complete", ch.send("shell", "is_complete_request", {"code": code.complete_code})),
-        (
-            "history",
-            ch.send("shell", "history_request", {"output": False, "raw": True, "hist_access_type": "tail", "n": 1}),
-        ),
+        *_queries(ctx, history_n=1),
         ("kernel_info", ch.send("shell", "kernel_info_request", {})),
         ("comm_info", ch.send("shell", "comm_info_request", {})),
     ]
@@ -385,12 +338,9 @@ def stop_on_error_only_execute(ctx: Ctx) -> Verdict:
     return verdict(not bad, f"{n - len(bad)} of {n} answered normally" + (f"; {'; '.join(bad)}" if bad else ""))
 
 
-@check(
-    "stop_on_error.false",
-    S["execute_request"] + " (stop_on_error=False)",
-    "with stop_on_error=False a queued cell runs after a failing one",
-)
+@check("stop_on_error.false", S["execute_request"] + " (stop_on_error=False)")
 def stop_on_error_false(ctx: Ctx) -> Verdict:
+    """with stop_on_error=False a queued cell runs after a failing one"""
     ch, code = ctx.ch, ctx.code
     name = unique("ran")
     first = ch.execute(code.sleep_then_fail(0.2), stop_on_error=False)

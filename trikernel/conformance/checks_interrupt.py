@@ -56,7 +56,7 @@ def _interrupt(ctx: Ctx, code: str, *, stdin: bool) -> Verdict:
         if ir.content.get("status") != "ok":
             return failed(f"interrupt_reply status {ir.content.get('status')!r}")
     c = reply.content
-    nxt, msgs = run_ok(ctx, ctx.code.say("conformance after"))
+    _nxt, msgs = run_ok(ctx, ctx.code.say("conformance after"))
     ran = stream_text(msgs) == "conformance after\n"
     fig = (
         f"reply {c.get('status')} {c.get('ename') or ''} {dt * 1000:.0f} ms after the interrupt ({mode} mode)"
@@ -65,28 +65,19 @@ def _interrupt(ctx: Ctx, code: str, *, stdin: bool) -> Verdict:
     return verdict(c.get("status") == "error" and ran, fig)
 
 
-@check(
-    "interrupt.sleep",
-    S["interrupt_request"] + "; kernels § Kernel specs (interrupt_mode)",
-    "interrupting a sleeping cell ends it with an error reply; the next cell runs",
-)
+@check("interrupt.sleep", S["interrupt_request"] + "; kernels § Kernel specs (interrupt_mode)")
 def interrupt_sleep(ctx: Ctx) -> Verdict:
+    """interrupting a sleeping cell ends it with an error reply; the next cell runs"""
     return _interrupt(ctx, ctx.code.marker_sleep(MARKER, 30), stdin=False)
 
 
-@check(
-    "interrupt.busy_loop",
-    S["interrupt_request"] + "; kernels § Kernel specs (interrupt_mode)",
-    "interrupting a busy loop ends it with an error reply; the next cell runs",
-)
+@check("interrupt.busy_loop", S["interrupt_request"] + "; kernels § Kernel specs (interrupt_mode)")
 def interrupt_busy_loop(ctx: Ctx) -> Verdict:
+    """interrupting a busy loop ends it with an error reply; the next cell runs"""
     return _interrupt(ctx, ctx.code.marker_loop(MARKER), stdin=False)
 
 
-@check(
-    "interrupt.input",
-    S["interrupt_request"] + "; " + S["input_request"],
-    "interrupting a pending input() ends the cell with an error reply; the next cell runs",
-)
+@check("interrupt.input", S["interrupt_request"] + "; " + S["input_request"])
 def interrupt_input(ctx: Ctx) -> Verdict:
+    """interrupting a pending input() ends the cell with an error reply; the next cell runs"""
     return _interrupt(ctx, ctx.code.read_input("conformance> "), stdin=True)

@@ -91,12 +91,9 @@ def _welcome_text(label: str, dt: float | None) -> str:
     return f"{label}: welcome after {dt * 1000:.0f} ms" if dt is not None else f"{label}: no welcome"
 
 
-@check(
-    "iopub.welcome",
-    S["iopub_welcome"],
-    "the first subscriber gets iopub_welcome (subscription '', empty parent) unprompted",
-)
+@check("iopub.welcome", S["iopub_welcome"])
 def iopub_welcome(ctx: Ctx) -> Verdict:
+    """the first subscriber gets iopub_welcome (subscription '', empty parent) unprompted"""
     since = ctx.k.connected_at
     try:
         w = ctx.ch.wait(
@@ -115,12 +112,9 @@ def iopub_welcome(ctx: Ctx) -> Verdict:
     return verdict(sub == "" and parent == {}, fig)
 
 
-@check(
-    "iopub.two_subscribers",
-    S["iopub_welcome"] + "; " + SEC_IOPUB,
-    "two subscribers connecting together both get a welcome, then the same messages",
-)
+@check("iopub.two_subscribers", S["iopub_welcome"] + "; " + SEC_IOPUB)
 def iopub_two_subscribers(ctx: Ctx) -> Verdict:
+    """two subscribers connecting together both get a welcome, then the same messages"""
     ch = ctx.ch
     labels = ("iopub:a", "iopub:b")
     try:
@@ -140,12 +134,9 @@ def iopub_two_subscribers(ctx: Ctx) -> Verdict:
     return verdict(same and None not in waits.values(), fig)
 
 
-@check(
-    "iopub.late_joiner",
-    S["iopub_welcome"] + "; " + SEC_IOPUB,
-    "a subscriber joining while a cell prints gets a welcome and the exact tail of the cell's messages",
-)
+@check("iopub.late_joiner", S["iopub_welcome"] + "; " + SEC_IOPUB)
 def iopub_late_joiner(ctx: Ctx) -> Verdict:
+    """a subscriber joining while a cell prints gets a welcome and the exact tail of the cell's messages"""
     ch = ctx.ch
     h = ch.execute(ctx.code.ticker(50, 0.02))
     mid = h["msg_id"]

@@ -46,10 +46,9 @@ S = msgspec.SECTIONS
 SEC_JEP66 = "messaging § Kernel startup handshake; kernels § Registration file format; JEP 66"
 
 
-@check(
-    "startup.ports", "kernels § Connection files", "a classic kernel listens on the five ports of its connection file"
-)
+@check("startup.ports", "kernels § Connection files")
 def startup_ports(ctx: Ctx) -> Verdict:
+    """a classic kernel listens on the five ports of its connection file"""
     if ctx.k.handshake:
         raise Skip("JEP 66 kernelspec: the kernel chooses its ports (see startup.handshake_j)")
     try:
@@ -76,12 +75,9 @@ def startup_ports(ctx: Ctx) -> Verdict:
     return verdict(not missing, fig)
 
 
-@check(
-    "startup.handshake_j",
-    SEC_JEP66 + " (dialect J)",
-    "a JEP 66 kernelspec registers with the trikernel-handshake provisioner (dialect J file)",
-)
+@check("startup.handshake_j", SEC_JEP66 + " (dialect J)")
 def startup_handshake_j(ctx: Ctx) -> Verdict:
+    """a JEP 66 kernelspec registers with the trikernel-handshake provisioner (dialect J file)"""
     if not ctx.k.handshake:
         raise Skip("the kernelspec does not declare JEP 66 (kernel_protocol_version < 5.6)")
     prov = getattr(ctx.k.km, "provisioner", None)
@@ -101,13 +97,9 @@ def _kernel_cmd(argv: list[str], path: str, resource_dir: str) -> list[str]:
     return out
 
 
-@check(
-    "startup.handshake_p",
-    SEC_JEP66 + " (dialect P: Posit ark/kallichore, docs/handshake.md)",
-    "given a registration file without kernel_id, the kernel registers with a signed handshake_request",
-    phase="fresh",
-)
+@check("startup.handshake_p", SEC_JEP66 + " (dialect P: Posit ark/kallichore, docs/handshake.md)", phase="fresh")
 def startup_handshake_p(ctx: Ctx) -> Verdict:
+    """given a registration file without kernel_id, the kernel registers with a signed handshake_request"""
     spec = ctx.k.spec
     if not ctx.k.handshake:
         raise Skip("the kernelspec does not declare JEP 66 (kernel_protocol_version < 5.6)")
@@ -214,11 +206,11 @@ def _session_now(ctx: Ctx) -> str:
 @check(
     "lifecycle.restart",
     S["shutdown_reply"] + "; " + msgspec.SEC_HEADER + " (kernel session id regenerated on restart)",
-    "shutdown_request(restart=True) is answered with restart true, the process exits, "
-    "the restarted kernel has a new session",
     phase="final",
 )
 def lifecycle_restart(ctx: Ctx) -> Verdict:
+    """shutdown_request(restart=True) is answered with restart true, the process exits, the restarted kernel has a new
+    session"""
     before = _session_now(ctx)
     r = _shutdown(ctx, True)
     c = r.content
@@ -233,13 +225,9 @@ def lifecycle_restart(ctx: Ctx) -> Verdict:
     return verdict(c.get("status") == "ok" and c.get("restart") is True and code is not None and after != before, fig)
 
 
-@check(
-    "lifecycle.shutdown",
-    S["shutdown_reply"],
-    "shutdown_request on control is answered: status ok, restart false",
-    phase="final",
-)
+@check("lifecycle.shutdown", S["shutdown_reply"], phase="final")
 def lifecycle_shutdown(ctx: Ctx) -> Verdict:
+    """shutdown_request on control is answered: status ok, restart false"""
     r = _shutdown(ctx, False)
     ctx.notes["shutdown_at"] = time.monotonic()
     c = r.content
@@ -250,12 +238,10 @@ def lifecycle_shutdown(ctx: Ctx) -> Verdict:
 
 
 @check(
-    "lifecycle.exit",
-    S["shutdown_request"] + " (the client can assume the kernel completed shutdown)",
-    "after its shutdown_reply the process exits by itself",
-    phase="final",
+    "lifecycle.exit", S["shutdown_request"] + " (the client can assume the kernel completed shutdown)", phase="final"
 )
 def lifecycle_exit(ctx: Ctx) -> Verdict:
+    """after its shutdown_reply the process exits by itself"""
     if "shutdown_at" not in ctx.notes:
         _shutdown(ctx, False)
         ctx.notes["shutdown_at"] = time.monotonic()

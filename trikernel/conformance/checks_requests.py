@@ -28,8 +28,9 @@ def _request(ctx: Ctx, msg_type: str, content: dict[str, Any]) -> Received:
     return reply
 
 
-@check("is_complete", S["is_complete_reply"], "complete, incomplete (with indent) and invalid code are told apart")
+@check("is_complete", S["is_complete_reply"])
 def is_complete(ctx: Ctx) -> Verdict:
+    """complete, incomplete (with indent) and invalid code are told apart"""
     code = ctx.code
     got = {}
     for want, sample in (
@@ -62,22 +63,21 @@ def _complete(ctx: Ctx, prefix_text: str) -> Verdict:
     return verdict(found and start == pos - len(typed) and end == pos, fig)
 
 
-@check("complete", S["complete_reply"], "completing a defined name: the match, cursor_start and cursor_end")
+@check("complete", S["complete_reply"])
 def complete(ctx: Ctx) -> Verdict:
+    """completing a defined name: the match, cursor_start and cursor_end"""
     return _complete(ctx, "")
 
 
-@check(
-    "complete.non_bmp",
-    "messaging § cursor_pos and unicode offsets (5.2)",
-    "cursor_pos counts code points: two non-BMP characters before the cursor shift nothing",
-)
+@check("complete.non_bmp", "messaging § cursor_pos and unicode offsets (5.2)")
 def complete_non_bmp(ctx: Ctx) -> Verdict:
+    """cursor_pos counts code points: two non-BMP characters before the cursor shift nothing"""
     return _complete(ctx, 's = "\U0001d41a\U0001f600"; ')
 
 
-@check("inspect", S["inspect_reply"], "inspecting a known name: found with text/plain; an unknown name: found false")
+@check("inspect", S["inspect_reply"])
 def inspect(ctx: Ctx) -> Verdict:
+    """inspecting a known name: found with text/plain; an unknown name: found false"""
     code = ctx.code
     r = _request(
         ctx, "inspect_request", {"code": code.inspect_found, "cursor_pos": len(code.inspect_found), "detail_level": 0}
@@ -104,6 +104,12 @@ def _history_setup(ctx: Ctx) -> list[str]:
     return cells
 
 
+def _history(ctx: Ctx, access: str, **query: Any) -> Received:
+    """The history_reply to a raw, input-only request of ``hist_access_type``
+    ``access`` with the further ``query`` fields."""
+    return _request(ctx, "history_request", {"output": False, "raw": True, "hist_access_type": access, **query})
+
+
 def _inputs(reply: Received) -> list[Any]:
     return [
         e[2] if not isinstance(e[2], list) else e[2][0]
@@ -112,14 +118,11 @@ def _inputs(reply: Received) -> list[Any]:
     ]
 
 
-@check(
-    "history.tail",
-    S["history_reply"] + " (hist_access_type 'tail')",
-    "the last n cells, newest last, as (session, line, input)",
-)
+@check("history.tail", S["history_reply"] + " (hist_access_type 'tail')")
 def history_tail(ctx: Ctx) -> Verdict:
+    """the last n cells, newest last, as (session, line, input)"""
     cells = _history_setup(ctx)
-    r = _request(ctx, "history_request", {"output": False, "raw": True, "hist_access_type": "tail", "n": 3})
+    r = _history(ctx, "tail", n=3)
     got = _inputs(r)
     return verdict(
         got[-3:] == cells,
@@ -127,18 +130,11 @@ def history_tail(ctx: Ctx) -> Verdict:
     )
 
 
-@check(
-    "history.range",
-    S["history_reply"] + " (hist_access_type 'range')",
-    "a range of the current session holds the cells run, with line numbers in range",
-)
+@check("history.range", S["history_reply"] + " (hist_access_type 'range')")
 def history_range(ctx: Ctx) -> Verdict:
+    """a range of the current session holds the cells run, with line numbers in range"""
     cells = _history_setup(ctx)
-    r = _request(
-        ctx,
-        "history_request",
-        {"output": False, "raw": True, "hist_access_type": "range", "session": 0, "start": 1, "stop": 100000},
-    )
+    r = _history(ctx, "range", session=0, start=1, stop=100000)
     entries = r.content.get("history") or []
     got = _inputs(r)
     lines_ok = all(isinstance(e[1], int) and 1 <= e[1] < 100000 for e in entries if isinstance(e, list) and len(e) == 3)
@@ -150,19 +146,12 @@ def history_range(ctx: Ctx) -> Verdict:
     )
 
 
-@check(
-    "history.search",
-    S["history_reply"] + " (hist_access_type 'search')",
-    "a glob search returns only matching cells, ours among them",
-)
+@check("history.search", S["history_reply"] + " (hist_access_type 'search')")
 def history_search(ctx: Ctx) -> Verdict:
+    """a glob search returns only matching cells, ours among them"""
     cells = _history_setup(ctx)
     pattern = cells[0].split("_1 =")[0] + "_*"
-    r = _request(
-        ctx,
-        "history_request",
-        {"output": False, "raw": True, "hist_access_type": "search", "pattern": pattern, "n": 10, "unique": True},
-    )
+    r = _history(ctx, "search", pattern=pattern, n=10, unique=True)
     got = _inputs(r)
     wrong = [g for g in got if not fnmatch.fnmatchcase(str(g), pattern)]
     have = all(c in got for c in cells)
@@ -184,8 +173,9 @@ def _comm_ids(ctx: Ctx, target: str | None = None) -> dict[str, Any]:
     return comms
 
 
-@check("comm_info", S["comm_info_reply"], "comm_info_reply: status ok, comms a dict (filtered by target_name)")
+@check("comm_info", S["comm_info_reply"])
 def comm_info(ctx: Ctx) -> Verdict:
+    """comm_info_reply: status ok, comms a dict (filtered by target_name)"""
     every = _comm_ids(ctx)
     none = _comm_ids(ctx, "conformance.no_such_target")
     return verdict(not none, f"{len(every)} comms open; {len(none)} for an unused target")
@@ -200,13 +190,10 @@ def _comm_iopub(ctx: Ctx, h: dict[str, Any], msg_type: str) -> list[Received]:
     return [m for m in msgs if m.msg_type == msg_type]
 
 
-@check(
-    "comm.lifecycle",
-    S["comm_open"] + "; " + S["comm_msg"] + "; " + S["comm_close"],
-    "comm_open to a registered target, comm_msg echoed, comm_info lists it, comm_close removes it; "
-    "busy/idle around each",
-)
+@check("comm.lifecycle", S["comm_open"] + "; " + S["comm_msg"] + "; " + S["comm_close"])
 def comm_lifecycle(ctx: Ctx) -> Verdict:
+    """comm_open to a registered target, comm_msg echoed, comm_info lists it, comm_close removes it; busy/idle around
+    each"""
     ch = ctx.ch
     target = f"conformance.echo.{uuid.uuid4().hex[:6]}"
     run_ok(ctx, ctx.code.echo_comm_target(target))
@@ -236,12 +223,9 @@ def comm_lifecycle(ctx: Ctx) -> Verdict:
     )
 
 
-@check(
-    "comm.unknown_target",
-    S["comm_open"] + " (unknown target: reply with comm_close)",
-    "comm_open to an unknown target is answered with a comm_close of that comm_id",
-)
+@check("comm.unknown_target", S["comm_open"] + " (unknown target: reply with comm_close)")
 def comm_unknown_target(ctx: Ctx) -> Verdict:
+    """comm_open to an unknown target is answered with a comm_close of that comm_id"""
     cid = uuid.uuid4().hex
     h = ctx.ch.send("shell", "comm_open", {"comm_id": cid, "target_name": "conformance.no_such_target", "data": {}})
     msgs = ctx.ch.until_idle(h, ctx.t.reply)
@@ -256,12 +240,9 @@ def comm_unknown_target(ctx: Ctx) -> Verdict:
 # -- debug ---------------------------------------------------------------------------
 
 
-@check(
-    "debug.info",
-    S["debug_request"] + " (debugInfo, Additions to the DAP)",
-    "a kernel that supports the debugger answers debugInfo on control with a DAP response",
-)
+@check("debug.info", S["debug_request"] + " (debugInfo, Additions to the DAP)")
 def debug_info(ctx: Ctx) -> Verdict:
+    """a kernel that supports the debugger answers debugInfo on control with a DAP response"""
     info = ctx.k.info
     if "debugger" not in (info.get("supported_features") or []) and info.get("debugger") is not True:
         raise Skip("kernel_info declares no debugger")

@@ -20,7 +20,7 @@ from typing import Any
 from .. import msgspec
 from .catalogue import Ctx, check
 from .checks_execute import run_ok, unique
-from .client import DELIM, dumps, Received, is_idle, stream_text
+from .client import DELIM, Received, dumps, is_idle, stream_text
 from .verdict import Skip, Verdict, failed, passed, verdict
 
 S = msgspec.SECTIONS
@@ -38,35 +38,31 @@ def _answered(ctx: Ctx, msg_id: str) -> list[Received]:
     return ctx.ch.for_parent(msg_id)
 
 
+def _probe(ctx: Ctx, name: str) -> tuple[dict[str, Any], list[bytes]]:
+    """``(header, frames)`` of a correctly signed request whose running shows:
+    an execute_request counting in global ``name`` where the kernel runs code
+    (:func:`_counter` reads it), else a kernel_info_request. Skip where the
+    connection has no key (nothing is signed, so nothing to tamper with)."""
+    if not ctx.ch.key:
+        raise Skip("the connection has no key: messages are not signed")
+    if ctx.has_code:
+        return ctx.ch.frames("execute_request", ctx.ch.execute_content(ctx.code.increment(name)))
+    return ctx.ch.frames("kernel_info_request", {})
+
+
 def _counter(ctx: Ctx, name: str) -> str:
     _, msgs = run_ok(ctx, ctx.code.show(name))
     return stream_text(msgs).strip()
 
 
-@check(
-    "bad_input.signature",
-    SEC_WIRE + " (HMAC)",
-    "a request with a wrong or empty signature is dropped: no reply, no busy, no effect; the kernel serves on",
-)
+@check("bad_input.signature", SEC_WIRE + " (HMAC)")
 def bad_signature(ctx: Ctx) -> Verdict:
+    """a request with a wrong or empty signature is dropped: no reply, no busy, no effect; the kernel serves on"""
     ch = ctx.ch
-    if not ch.key:
-        raise Skip("the connection has no key: messages are not signed")
     name = unique("badsig")
     sent = []
     for label, sig in (("wrong HMAC", b"0" * 64), ("empty signature", b""), ("garbage", b"not-a-signature")):
-        if ctx.has_code:
-            content = {
-                "code": ctx.code.increment(name),
-                "silent": False,
-                "store_history": True,
-                "user_expressions": {},
-                "allow_stdin": False,
-                "stop_on_error": True,
-            }
-            h, frames = ch.frames("execute_request", content)
-        else:
-            h, frames = ch.frames("kernel_info_request", {})
+        h, frames = _probe(ctx, name)
         frames[1] = sig
         ch.send_frames("shell", frames, h)
         sent.append((label, h))
@@ -81,28 +77,12 @@ def bad_signature(ctx: Ctx) -> Verdict:
     return verdict(not answered and ran == "0", fig + (f" ({'; '.join(answered)})" if answered else ""))
 
 
-@check(
-    "bad_input.replay",
-    SEC_WIRE + " (a signature seen before; jupyter_client Session's replay guard)",
-    "the same signed frames sent twice run once",
-)
+@check("bad_input.replay", SEC_WIRE + " (a signature seen before; jupyter_client Session's replay guard)")
 def bad_replay(ctx: Ctx) -> Verdict:
+    """the same signed frames sent twice run once"""
     ch = ctx.ch
-    if not ch.key:
-        raise Skip("the connection has no key: messages are not signed")
     name = unique("replay")
-    if ctx.has_code:
-        content = {
-            "code": ctx.code.increment(name),
-            "silent": False,
-            "store_history": True,
-            "user_expressions": {},
-            "allow_stdin": False,
-            "stop_on_error": True,
-        }
-        h, frames = ch.frames("execute_request", content)
-    else:
-        h, frames = ch.frames("kernel_info_request", {})
+    h, frames = _probe(ctx, name)
     ch.send_frames("shell", list(frames), h)
     ch.reply(h, ctx.t.reply)
     ch.send_frames("shell", list(frames))
@@ -132,13 +112,10 @@ def _malformed(ch: Any) -> list[list[bytes]]:
     return out
 
 
-@check(
-    "bad_input.malformed",
-    SEC_WIRE,
-    "malformed messages on shell and control (bad JSON, no msg_type, too few frames, no delimiter, non-UTF-8) "
-    "are dropped; the kernel serves on",
-)
+@check("bad_input.malformed", SEC_WIRE)
 def bad_malformed(ctx: Ctx) -> Verdict:
+    """malformed messages on shell and control (bad JSON, no msg_type, too few frames, no delimiter, non-UTF-8) are
+    dropped; the kernel serves on"""
     ch = ctx.ch
     sent = 0
     for channel in ("shell", "control"):
@@ -169,30 +146,27 @@ def _unknown(ctx: Ctx, channel: str) -> Verdict:
     return verdict(bracket, fig)
 
 
-@check(
-    "bad_input.unknown_shell",
-    S["status"] + " (every request, since 5.0); messaging § Compatibility",
-    f"an unknown {UNKNOWN!r} on shell gets busy/idle (a reply, if any, status error); the kernel serves on",
-)
-def unknown_shell(ctx: Ctx) -> Verdict:
-    return _unknown(ctx, "shell")
+def _unknown_check(channel: str) -> None:
+    """Register ``bad_input.unknown_<channel>`` (:func:`_unknown` on ``channel``)."""
+
+    def run(ctx: Ctx) -> Verdict:
+        return _unknown(ctx, channel)
+
+    run.__name__ = run.__qualname__ = f"unknown_{channel}"
+    check(
+        f"bad_input.unknown_{channel}",
+        S["status"] + " (every request, since 5.0); messaging § Compatibility",
+        f"an unknown {UNKNOWN!r} on {channel} gets busy/idle (a reply, if any, status error); the kernel serves on",
+    )(run)
 
 
-@check(
-    "bad_input.unknown_control",
-    S["status"] + " (every request, since 5.0); messaging § Compatibility",
-    f"an unknown {UNKNOWN!r} on control gets busy/idle (a reply, if any, status error); the kernel serves on",
-)
-def unknown_control(ctx: Ctx) -> Verdict:
-    return _unknown(ctx, "control")
+_unknown_check("shell")
+_unknown_check("control")
 
 
-@check(
-    "bad_input.stdin",
-    S["input_reply"],
-    "an unknown message and an input_reply that answers nothing, on stdin, are ignored; the kernel serves on",
-)
+@check("bad_input.stdin", S["input_reply"])
 def unknown_stdin(ctx: Ctx) -> Verdict:
+    """an unknown message and an input_reply that answers nothing, on stdin, are ignored; the kernel serves on"""
     ch = ctx.ch
     a = ch.send("stdin", UNKNOWN, {})
     b = ch.send("stdin", "input_reply", {"value": "conformance stray"})
@@ -208,20 +182,18 @@ def unknown_stdin(ctx: Ctx) -> Verdict:
 # -- heartbeat ---------------------------------------------------------------------
 
 
-@check("heartbeat.echo", "messaging § Heartbeat for kernels", "a heartbeat ping is echoed byte for byte within 1 s")
+@check("heartbeat.echo", "messaging § Heartbeat for kernels")
 def heartbeat_echo(ctx: Ctx) -> Verdict:
+    """a heartbeat ping is echoed byte for byte within 1 s"""
     rtts = [ctx.ch.ping(1.0) for _ in range(3)]
     if any(r is None for r in rtts):
         return failed(f"{sum(r is None for r in rtts)} of 3 pings not echoed within 1 s")
     return passed(f"3 of 3 echoed, max {max(r for r in rtts if r is not None) * 1000:.1f} ms")
 
 
-@check(
-    "heartbeat.busy",
-    "messaging § Heartbeat for kernels (kernels § Handling messages)",
-    "pings are echoed within 1 s while a cell keeps the CPU busy",
-)
+@check("heartbeat.busy", "messaging § Heartbeat for kernels (kernels § Handling messages)")
 def heartbeat_busy(ctx: Ctx) -> Verdict:
+    """pings are echoed within 1 s while a cell keeps the CPU busy"""
     ch = ctx.ch
     h = ch.execute(ctx.code.busy(2.0))
     ch.wait(

@@ -48,13 +48,10 @@ def _answer(ctx: Ctx, code: str, value: str) -> tuple[Received, Received, list[R
     return req, reply, msgs
 
 
-@check(
-    "stdin.input",
-    S["input_request"],
-    "input() sends input_request (prompt, password false) parented to the execute; "
-    "the input_reply value reaches the code",
-)
+@check("stdin.input", S["input_request"])
 def stdin_input(ctx: Ctx) -> Verdict:
+    """input() sends input_request (prompt, password false) parented to the execute; the input_reply value reaches the
+    code"""
     value = "conformance \u2713 answer"
     req, reply, msgs = _answer(ctx, ctx.code.read_input("conformance> "), value)
     c = req.content
@@ -69,12 +66,9 @@ def stdin_input(ctx: Ctx) -> Verdict:
     return verdict(reply.content.get("status") == "ok" and value in out, fig)
 
 
-@check(
-    "stdin.password",
-    S["input_request"] + " (password: bool)",
-    "getpass() sends input_request with password true (a boolean)",
-)
+@check("stdin.password", S["input_request"] + " (password: bool)")
 def stdin_password(ctx: Ctx) -> Verdict:
+    """getpass() sends input_request with password true (a boolean)"""
     req, reply, msgs = _answer(ctx, ctx.code.read_password("conformance password> "), "secret")
     pw = req.content.get("password")
     out = stream_text(msgs).strip()
@@ -82,12 +76,9 @@ def stdin_password(ctx: Ctx) -> Verdict:
     return verdict(pw is True and out == "6" and reply.content.get("status") == "ok", fig)
 
 
-@check(
-    "stdin.not_allowed",
-    S["execute_request"] + " (allow_stdin); messaging § Compatibility",
-    "with allow_stdin=False the kernel sends no input_request and answers at once",
-)
+@check("stdin.not_allowed", S["execute_request"] + " (allow_stdin); messaging § Compatibility")
 def stdin_not_allowed(ctx: Ctx) -> Verdict:
+    """with allow_stdin=False the kernel sends no input_request and answers at once"""
     h = ctx.ch.execute(ctx.code.read_input("conformance> "), allow_stdin=False, stop_on_error=False)
     try:
         reply = ctx.ch.reply(h, ctx.t.reply)

@@ -21,6 +21,7 @@ Spec: messaging "The Wire Protocol", "General Message Format".
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -29,15 +30,16 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 
 from .verdict import Fail
 
 if TYPE_CHECKING:
-    from .audit import Audit
     from collections.abc import Callable, Iterable, Mapping
+
+    from .audit import Audit
 
 T = TypeVar("T")
 DELIM = b"<IDS|MSG>"
@@ -249,10 +251,8 @@ class Channels:
     def close_socket(self, label: str) -> None:
         sock = self.sockets.pop(label, None)
         if sock is not None:
-            try:
+            with contextlib.suppress(KeyError):
                 self.poller.unregister(sock)
-            except KeyError:
-                pass
             sock.close(linger=0)
 
     def close(self) -> None:
@@ -311,8 +311,9 @@ class Channels:
         self.send_frames(channel, frames, h)
         return h
 
-    def execute(self, code: str, **content: Any) -> dict[str, Any]:
-        """Send an execute_request (jupyter_client's defaults); returns its header."""
+    @staticmethod
+    def execute_content(code: str, **content: Any) -> dict[str, Any]:
+        """An execute_request's content: jupyter_client's defaults, ``content`` over them."""
         c = {
             "code": code,
             "silent": False,
@@ -322,7 +323,11 @@ class Channels:
             "stop_on_error": True,
         }
         c.update(content)
-        return self.send("shell", "execute_request", c)
+        return c
+
+    def execute(self, code: str, **content: Any) -> dict[str, Any]:
+        """Send an execute_request (jupyter_client's defaults); returns its header."""
+        return self.send("shell", "execute_request", self.execute_content(code, **content))
 
     # -- receiving -------------------------------------------------------------
     def pump(self, timeout: float) -> int:
@@ -330,15 +335,8 @@ class Channels:
         n = 0
         events = dict(self.poller.poll(max(0, int(timeout * 1000))))
         for label, sock in list(self.sockets.items()):
-            if sock not in events:
-                continue
-            while True:
-                try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self._file(label, frames)
-                n += 1
+            if sock in events:
+                n += self.drain(label)
         return n
 
     def drain(self, label: str, limit: int | None = None) -> int:

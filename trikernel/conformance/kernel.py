@@ -25,7 +25,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
@@ -36,8 +36,9 @@ from .client import Channels, Received, Timeout
 from .verdict import Fail
 
 if TYPE_CHECKING:
-    from .audit import Audit
     from collections.abc import Iterator
+
+    from .audit import Audit
 
 log = logging.getLogger("trikernel.conformance")
 

@@ -16,7 +16,7 @@ import logging
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jupyter_client.kernelspec import NoSuchKernel
 

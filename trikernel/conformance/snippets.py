@@ -37,14 +37,17 @@ class Python:
 
     @staticmethod
     def say(text: str) -> str:
+        """Print ``text`` on stdout: one stream message."""
         return f"print({text!r})"
 
     @staticmethod
     def assign(name: str, value: object) -> str:
+        """Set global ``name`` to ``value`` (written as its repr)."""
         return f"{name} = {value!r}"
 
     @staticmethod
     def increment(name: str) -> str:
+        """Add 1 to global ``name``, counting from 0 (:meth:`show` reads it)."""
         return f"{name} = globals().get({name!r}, 0) + 1"
 
     @staticmethod
@@ -54,14 +57,17 @@ class Python:
 
     @staticmethod
     def sleep_then_fail(seconds: float) -> str:
+        """Sleep ``seconds``, then raise RuntimeError: a failing cell that takes a while."""
         return f"import time\ntime.sleep({seconds})\nraise RuntimeError('conformance: a failing cell')"
 
     @staticmethod
     def marker_sleep(marker: str, seconds: float) -> str:
+        """Print ``marker`` at once (the check sees the cell start), then sleep ``seconds``."""
         return f"import time\nprint({marker!r}, flush=True)\ntime.sleep({seconds})"
 
     @staticmethod
     def marker_loop(marker: str) -> str:
+        """Print ``marker``, then spin forever: a cell only an interrupt ends."""
         return f"print({marker!r}, flush=True)\nwhile True:\n    pass"
 
     @staticmethod
@@ -71,10 +77,12 @@ class Python:
 
     @staticmethod
     def read_input(prompt: str) -> str:
+        """``input(prompt)`` (an input_request on stdin), then print the answer."""
         return f"conformance_in = input({prompt!r})\nprint(conformance_in)"
 
     @staticmethod
     def read_password(prompt: str) -> str:
+        """``getpass.getpass(prompt)`` (input_request with password), then print its length."""
         return f"import getpass\nconformance_pw = getpass.getpass({prompt!r})\nprint(len(conformance_pw))"
 
     @staticmethod
@@ -100,6 +108,7 @@ class Python:
 
     @staticmethod
     def update_display(first: str, second: str) -> str:
+        """Display ``first`` with a display_id, then update it to ``second``."""
         return (
             "from IPython.display import display\n"
             f"_conformance_h = display({first!r}, display_id=True)\n"
