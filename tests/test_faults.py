@@ -605,3 +605,26 @@ def test_an_interrupt_while_idle_never_lands_in_the_next_cell(jupyter_path: str,
         assert km.is_alive()
     finally:
         stop_kernel(km, kc)
+
+
+def test_a_notebook_folder_shadowing_kernel_imports_does_not_kill_it(jupyter_path: str, tmp_path: Any) -> None:
+    """A notebook folder with trio.py, comm.py, zmq.py, outcome.py or IPython.py
+    in it killed the kernel at start-up (``python -m`` puts the working
+    directory first on sys.path); ipykernel starts there. User code still
+    imports from that folder."""
+    for name in ("trio", "comm", "zmq", "outcome", "IPython"):
+        (tmp_path / f"{name}.py").write_text("raise ImportError('the notebook folder shadowed a kernel import')\n")
+    (tmp_path / "mymodule.py").write_text("VALUE = 42\n")
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="trikernel-test-signal")
+    km.start_kernel(cwd=str(tmp_path))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=TIMEOUT)
+        r, out = execute(kc, "import mymodule; mymodule.VALUE")
+        assert r["content"]["status"] == "ok", r["content"]
+        assert [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"] == ["42"]
+    finally:
+        stop_kernel(km, kc)

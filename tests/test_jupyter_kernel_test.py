@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+from typing import Any, ClassVar
+
 import jupyter_kernel_test as jkt
 import pytest
 
 pytestmark = pytest.mark.timeout(300)
 
 
-class TestTrikernel(jkt.KernelTests):
+class _OwnHistory:
+    """The kernel gets an IPYTHONDIR of its own: jupyter_kernel_test's history
+    search counts every match of ``code_history_pattern`` in the database,
+    so cells other tests of the run executed (``"102 + 1"``) would count."""
+
+    _saved: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls._saved["dir"] = tempfile.TemporaryDirectory(prefix="jkt-ipython-")
+        cls._saved["old"] = os.environ.get("IPYTHONDIR")
+        os.environ["IPYTHONDIR"] = cls._saved["dir"].name
+        super().setUpClass()  # type: ignore[misc]
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        super().tearDownClass()  # type: ignore[misc]
+        old = cls._saved.pop("old")
+        if old is None:
+            os.environ.pop("IPYTHONDIR", None)
+        else:
+            os.environ["IPYTHONDIR"] = old
+        cls._saved.pop("dir").cleanup()
+
+
+class TestTrikernel(_OwnHistory, jkt.KernelTests):
     kernel_name = "trikernel"
     language_name = "python"
     file_extension = ".py"
