@@ -321,6 +321,7 @@ def test_log_level_env_is_case_insensitive(tmp_path: Any, level: str) -> None:
         (["install", "--prefix", "{tmp}", "--name", "bad name!"], {}, "--name"),
         (["install", "--prefix", "/proc/trikernel-cannot-write-here"], {}, "--prefix"),
         (["-f", "x.json", "--iopub-capacity", "0"], {}, "--iopub-capacity"),
+        (["-f", "x.json", "--iopub-send-timeout", "nan"], {}, "--iopub-send-timeout"),
     ],
 )
 def test_bad_options_are_one_line_naming_the_field(
