@@ -629,3 +629,37 @@ def test_a_notebook_folder_shadowing_kernel_imports_does_not_kill_it(jupyter_pat
         assert [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"] == ["42"]
     finally:
         stop_kernel(km, kc)
+
+
+@pytest.mark.parametrize(
+    ("content", "field"),
+    [
+        ({"code": 5}, "code"),
+        ({"code": ["1"]}, "code"),
+        ({"code": "1", "silent": "false"}, "silent"),
+        ({"code": "1", "store_history": {}}, "store_history"),
+    ],
+)
+def test_execute_content_of_the_wrong_type_is_refused_not_coerced(
+    kernel: Any, content: dict[str, Any], field: str
+) -> None:
+    """``"code": 5`` ran as ``"5"``, ``"silent": "false"`` counted as true
+    (found by a reviewer): an error reply naming the field, nothing run."""
+    _km, kc = kernel
+    msg = kc.session.msg("execute_request", {"silent": False, "store_history": True, **content})
+    kc.shell_channel.send(msg)
+    r = reply_of(kc, msg["header"]["msg_id"])
+    assert r["content"]["status"] == "error", r["content"]
+    assert r["content"]["ename"] == "ProtocolError"
+    assert field in r["content"]["evalue"]
+    assert "execution_count" in r["content"]
+    ok, _out = execute(kc, "1 + 1")  # the kernel serves on
+    assert ok["content"]["status"] == "ok"
+
+
+def test_trikernel_magic_with_an_unknown_word_says_how_to_use_it(kernel: Any) -> None:
+    _km, kc = kernel
+    r, _ = execute(kc, "%trikernel bogus")
+    assert r["content"]["status"] == "error"
+    assert r["content"]["ename"] == "UsageError"
+    assert "%trikernel log" in r["content"]["evalue"]
