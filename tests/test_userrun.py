@@ -96,7 +96,7 @@ def drive(
         finally:
             ur.stop()
 
-    t = threading.Thread(target=io_thread, name="fake-io-run")
+    t = threading.Thread(target=io_thread, name="fake-io-run", daemon=True)
     t.start()
     try:
         ur.run(setup or (lambda nursery: None), ready.set)
@@ -492,7 +492,7 @@ def test_stop_before_the_run_takes_jobs_ends_it_after_set_up() -> None:
             rescued.append(True)
             ur.stop()
 
-    t = threading.Thread(target=watchdog)
+    t = threading.Thread(target=watchdog, daemon=True)
     t.start()
     ur.run(setup, lambda: ready.append(True))  # returns by itself
     t.join(TIMEOUT * 2)
@@ -559,7 +559,7 @@ def test_a_run_off_the_main_thread_leaves_sigint_alone() -> None:
         assert job.error is None
         ur.stop()
 
-    t = threading.Thread(target=user_thread, name="user-off-main")
+    t = threading.Thread(target=user_thread, name="user-off-main", daemon=True)
     t.start()
     try:
         trio.run(main)
