@@ -201,42 +201,70 @@ def test_output_goes_to_the_running_request_else_the_latest_execute(rig: Rig) ->
 
 
 def test_threads_and_pool_work_keep_the_request_that_started_them(rig: Rig) -> None:
+    """threadparent.py: a Thread (and one it starts, a subclass with its own
+    run, a Timer) prints into the request that started it, also while a
+    later request runs; pool work into the request that submitted it, the
+    worker being reused."""
     threadparent.install()
     a, b = rig.request(code="a"), rig.request(code="b")
     rig.start()
     go = threading.Event()
     pool = ThreadPoolExecutor(1)  # created outside any request; its worker is reused
+    started: list[threading.Thread] = []
+
+    def later(text: str) -> None:
+        assert go.wait(TIMEOUT)
+        rig.out.write(text)
+
+    def thread_of_a() -> None:
+        grandchild = threading.Thread(target=later, args=("grandchild of a\n",), daemon=True)
+        grandchild.start()
+        started.append(grandchild)
+        later("thread of a\n")
+        rig.err.write("stderr of a's thread\n")
+        rig.publisher.send("display_data", {"data": {"text/plain": "display of a's thread"}, "metadata": {}})
+
+    class Sub(threading.Thread):
+        def run(self) -> None:  # overrides run: the request is set before it
+            later("subclass of a\n")
+
     try:
-
-        def later(text: str) -> None:
-            assert go.wait(TIMEOUT)
-            rig.out.write(text)
-
         with rig.parents.running(a, execute=True):
-            thread = threading.Thread(target=later, args=("thread of a\n",), daemon=True)
-            thread.start()
+            threads = [threading.Thread(target=thread_of_a, daemon=True), Sub(daemon=True)]
             timer = threading.Timer(0, later, args=("timer of a\n",))
             timer.daemon = True
-            timer.start()
+            threads.append(timer)
+            for t in threads:
+                t.start()
             pool.submit(rig.out.write, "pool work of a\n").result(TIMEOUT)
+            mapped = pool.map(lambda i: later(f"mapped in a {i}\n"), range(2))
         with rig.parents.running(b, execute=True):
             go.set()  # a's threads print while b runs
-            thread.join(TIMEOUT)
-            timer.join(TIMEOUT)
+            for t in threads + started:
+                t.join(TIMEOUT)
+            list(mapped)
             pool.submit(rig.out.write, "pool work of b\n").result(TIMEOUT)
         outside = threading.Thread(target=rig.out.write, args=("thread of nobody\n",), daemon=True)
         outside.start()
         outside.join(TIMEOUT)
     finally:
         pool.shutdown()
-    line_parent = {line: parent for _, text, parent in streams(rig.mark()) for line in text.splitlines()}
+    msgs = rig.mark()
+    line_parent = {line: parent for _, text, parent in streams(msgs) for line in text.splitlines()}
     assert line_parent == {
         "pool work of a": a.msg_id,
         "thread of a": a.msg_id,  # printed while b ran
+        "stderr of a's thread": a.msg_id,
+        "grandchild of a": a.msg_id,
+        "subclass of a": a.msg_id,
         "timer of a": a.msg_id,
+        "mapped in a 0": a.msg_id,
+        "mapped in a 1": a.msg_id,
         "pool work of b": b.msg_id,  # the same pool worker, now for b
         "thread of nobody": b.msg_id,  # started outside any request: the latest execute request
     }
+    shown = [m.parent_header["msg_id"] for m in msgs if m.msg_type == "display_data"]
+    assert shown == [a.msg_id]
 
 
 # ---------------------------------------------------------------- coalescing
