@@ -321,6 +321,7 @@ def test_log_level_env_is_case_insensitive(tmp_path: Any, level: str) -> None:
         (["install", "--prefix", "{tmp}", "--name", "bad name!"], {}, "--name"),
         (["install", "--prefix", "/proc/trikernel-cannot-write-here"], {}, "--prefix"),
         (["-f", "x.json", "--iopub-capacity", "0"], {}, "--iopub-capacity"),
+        (["-f", "x.json", "--iopub-send-timeout", "nan"], {}, "--iopub-send-timeout"),
     ],
 )
 def test_bad_options_are_one_line_naming_the_field(
@@ -605,3 +606,60 @@ def test_an_interrupt_while_idle_never_lands_in_the_next_cell(jupyter_path: str,
         assert km.is_alive()
     finally:
         stop_kernel(km, kc)
+
+
+def test_a_notebook_folder_shadowing_kernel_imports_does_not_kill_it(jupyter_path: str, tmp_path: Any) -> None:
+    """A notebook folder with trio.py, comm.py, zmq.py, outcome.py or IPython.py
+    in it killed the kernel at start-up (``python -m`` puts the working
+    directory first on sys.path); ipykernel starts there. User code still
+    imports from that folder."""
+    for name in ("trio", "comm", "zmq", "outcome", "IPython"):
+        (tmp_path / f"{name}.py").write_text("raise ImportError('the notebook folder shadowed a kernel import')\n")
+    (tmp_path / "mymodule.py").write_text("VALUE = 42\n")
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="trikernel-test-signal")
+    km.start_kernel(cwd=str(tmp_path))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=TIMEOUT)
+        r, out = execute(kc, "import mymodule; mymodule.VALUE")
+        assert r["content"]["status"] == "ok", r["content"]
+        assert [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"] == ["42"]
+    finally:
+        stop_kernel(km, kc)
+
+
+@pytest.mark.parametrize(
+    ("content", "field"),
+    [
+        ({"code": 5}, "code"),
+        ({"code": ["1"]}, "code"),
+        ({"code": "1", "silent": "false"}, "silent"),
+        ({"code": "1", "store_history": {}}, "store_history"),
+    ],
+)
+def test_execute_content_of_the_wrong_type_is_refused_not_coerced(
+    kernel: Any, content: dict[str, Any], field: str
+) -> None:
+    """``"code": 5`` ran as ``"5"``, ``"silent": "false"`` counted as true
+    (found by a reviewer): an error reply naming the field, nothing run."""
+    _km, kc = kernel
+    msg = kc.session.msg("execute_request", {"silent": False, "store_history": True, **content})
+    kc.shell_channel.send(msg)
+    r = reply_of(kc, msg["header"]["msg_id"])
+    assert r["content"]["status"] == "error", r["content"]
+    assert r["content"]["ename"] == "ProtocolError"
+    assert field in r["content"]["evalue"]
+    assert "execution_count" in r["content"]
+    ok, _out = execute(kc, "1 + 1")  # the kernel serves on
+    assert ok["content"]["status"] == "ok"
+
+
+def test_trikernel_magic_with_an_unknown_word_says_how_to_use_it(kernel: Any) -> None:
+    _km, kc = kernel
+    r, _ = execute(kc, "%trikernel bogus")
+    assert r["content"]["status"] == "error"
+    assert r["content"]["ename"] == "UsageError"
+    assert "%trikernel log" in r["content"]["evalue"]

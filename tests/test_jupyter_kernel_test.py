@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
+from typing import Any, ClassVar
 
 import jupyter_kernel_test as jkt
 import pytest
@@ -12,7 +12,32 @@ import pytest
 pytestmark = pytest.mark.timeout(300)
 
 
-class TestTrikernel(jkt.KernelTests):
+class _OwnHistory:
+    """The kernel gets an IPYTHONDIR of its own: jupyter_kernel_test's history
+    search counts every match of ``code_history_pattern`` in the database,
+    so cells other tests of the run executed (``"102 + 1"``) would count."""
+
+    _saved: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls._saved["dir"] = tempfile.TemporaryDirectory(prefix="jkt-ipython-")
+        cls._saved["old"] = os.environ.get("IPYTHONDIR")
+        os.environ["IPYTHONDIR"] = cls._saved["dir"].name
+        super().setUpClass()  # type: ignore[misc]
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        super().tearDownClass()  # type: ignore[misc]
+        old = cls._saved.pop("old")
+        if old is None:
+            os.environ.pop("IPYTHONDIR", None)
+        else:
+            os.environ["IPYTHONDIR"] = old
+        cls._saved.pop("dir").cleanup()
+
+
+class TestTrikernel(_OwnHistory, jkt.KernelTests):
     kernel_name = "trikernel"
     language_name = "python"
     file_extension = ".py"
@@ -37,30 +62,6 @@ class TestTrikernel(jkt.KernelTests):
     supported_history_operations = ("tail", "range", "search")
     code_inspect_sample = "zip"
     code_clear_output = "from IPython.display import clear_output; clear_output()"
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        # A history database of its own: the search test counts every cell
-        # in the database that matches code_history_pattern, and other tests
-        # of the run write to the run's IPYTHONDIR (test_faults runs
-        # "102 + 1" ... "142 + 1"): the search then found 6 cells instead
-        # of 1 (seen on the debugger branch; on main the same pair of tests
-        # passed, for a reason not pinned down).
-        cls._ipython_dir = tempfile.mkdtemp(prefix="jkt-ipython-")
-        old = os.environ.get("IPYTHONDIR")
-        os.environ["IPYTHONDIR"] = cls._ipython_dir
-        try:
-            super().setUpClass()
-        finally:
-            if old is None:
-                os.environ.pop("IPYTHONDIR", None)
-            else:
-                os.environ["IPYTHONDIR"] = old
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        super().tearDownClass()
-        shutil.rmtree(cls._ipython_dir, ignore_errors=True)
 
 
 class TestTrikernelWelcome(jkt.IopubWelcomeTests):

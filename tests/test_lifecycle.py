@@ -182,6 +182,11 @@ def test_port_in_use_exits_at_once_naming_channel_and_port(tmp_path):
         (lambda d: d.update(transport="udp"), "transport:"),
         (lambda d: d.update(signature_scheme="hmac-nope"), "signature_scheme"),
         (lambda d: d.update(curve_publickey="x" * 40), "curve_secretkey:"),
+        # found by a reviewer: these reached a traceback (or the io thread)
+        (lambda d: d.update(curve_publickey="," * 40, curve_secretkey="," * 40), "curve_publickey:"),
+        (lambda d: d.update(curve_publickey="é" * 40, curve_secretkey="é" * 40), "curve_publickey:"),
+        (lambda d: d.update(key="\udc80"), "key:"),
+        (lambda d: d.update(signature_scheme="hmac-shake_128"), "signature_scheme"),
     ],
 )
 def test_bad_connection_file_names_the_field(tmp_path, mutate, field):
@@ -192,6 +197,8 @@ def test_bad_connection_file_names_the_field(tmp_path, mutate, field):
     _out, err = p.communicate(timeout=30)
     assert p.returncode == 2, err
     assert field in err
+    assert "Traceback" not in err, err
+    assert len([ln for ln in err.splitlines() if ln.strip()]) == 1, err
 
 
 def test_unreadable_connection_file(tmp_path):

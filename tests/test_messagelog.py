@@ -435,3 +435,29 @@ def test_a_log_file_that_cannot_be_opened_stops_start_up(tmp_path: Any) -> None:
     assert r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("trikernel: --message-log: cannot open"), r.stderr
     assert str(bad) in r.stderr
+
+
+def test_a_getpass_answer_and_an_escaped_key_are_redacted(tmp_path: Any) -> None:
+    """The answer to getpass() (an input_reply to an input_request with
+    password: true) is never written; a plain input() answer is. A key with
+    a quote or non-ASCII character appears JSON-escaped in a line: redacted
+    as well (both found by a reviewer)."""
+    path = str(tmp_path / "messages.jsonl")
+    odd_key = 'quote"key\\é-12345'
+    conn = ConnectionInfo(key=odd_key.encode())
+    mlog = MessageLog.open(KernelConfig(message_log=path), conn)
+    ask_pw = BUILDER.msg("input_request", {"prompt": "pw: ", "password": True})
+    ask_plain = BUILDER.msg("input_request", {"prompt": "name: ", "password": False})
+    mlog.record("out", "stdin", serialize(ask_pw, SIGNER))
+    mlog.record("in", "stdin", _frames("input_reply", {"value": "Sup3rS3cretPW"}, parent_header=ask_pw.header))
+    mlog.record("out", "stdin", serialize(ask_plain, SIGNER))
+    mlog.record("in", "stdin", _frames("input_reply", {"value": "Ada"}, parent_header=ask_plain.header))
+    mlog.record("out", "iopub", _frames("stream", {"name": "stdout", "text": json.dumps({"key": odd_key})}))
+    mlog.close()
+    text = Path(path).read_text(encoding="utf-8")
+    assert "Sup3rS3cretPW" not in text
+    assert "Ada" in text
+    assert json.dumps(odd_key)[1:-1] not in text
+    assert json.dumps(odd_key, ensure_ascii=False)[1:-1] not in text
+    replies = [m for m in _messages(_lines(path)) if m["msg_type"] == "input_reply"]
+    assert [r["content"]["value"] for r in replies] == [REDACTED, "Ada"]

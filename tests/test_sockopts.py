@@ -329,6 +329,8 @@ def test_config_without_table_is_fine(tmp_path: Path) -> None:
         ('[socket_options]\n"iopub.BOGUS" = 1\n', ["unknown ZeroMQ socket option BOGUS"]),
         ('[socket_options]\n"iopub.BINDTODEVICE" = 3\n', ["iopub.BINDTODEVICE=3", "bad value 3"]),
         ("[socket_options.iopub.deep]\nx = 1\n", ["nested too deep"]),
+        ('[socket_option]\n"iopub.SNDHWM" = 1\n', ["unknown table [socket_option]", "did you mean [socket_options]"]),
+        ('[socketoptions]\n"iopub.SNDHWM" = 1\n', ["unknown table [socketoptions]"]),
     ],
 )
 def test_config_rejections_name_the_file(tmp_path: Path, text: str, needles: list[str]) -> None:

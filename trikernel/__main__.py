@@ -1,10 +1,24 @@
-"""``python -m trikernel``: run a kernel or install the kernelspec."""
+"""``python -m trikernel``: run a kernel or install the kernelspec.
+
+``python -m`` puts the working directory first on ``sys.path``: a notebook
+folder holding ``trio.py``, ``comm.py`` or ``zmq.py`` would then shadow
+what the kernel imports and kill it at start-up. The entry is set aside
+before anything is imported and given back to user code once IPython has
+loaded (``jobs.set_up``), as ipykernel's launcher does, so ``import
+mymodule`` from the notebook's folder still works.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 
-from .cli import main
+import trikernel
+
+if sys.path and sys.path[0] in ("", os.getcwd()):
+    trikernel._user_path_entry = sys.path.pop(0)
+
+from .cli import main  # after the working directory left sys.path
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,6 +8,7 @@ holds the named bounds of time and memory the kernel uses. No zmq, no trio.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import Field, dataclass, field, fields, replace
@@ -135,6 +136,10 @@ class Security:
     curve_secretkey: bytes | None
 
 
+#: The Z85 alphabet (ZeroMQ RFC 32), in which CurveZMQ keys are written.
+_Z85 = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
+
+
 def check_security(d: Mapping[str, Any], *, require_key: bool = True) -> Security:
     """Validate ``key``, ``signature_scheme`` and the CurveZMQ pair of a
     connection or registration file (jupyter_client docs/kernels.rst,
@@ -142,7 +147,7 @@ def check_security(d: Mapping[str, Any], *, require_key: bool = True) -> Securit
 
     Raises ConfigError naming the field: ``key`` missing (unless
     ``require_key`` is false) or not a string, an unknown scheme, one curve
-    key without the other, a curve key that is not 40 Z85 characters.
+    key without the other, a curve key that is not 40 Z85 characters, a key that is no UTF-8.
     """
     key = _field(d, "key", str, ... if require_key else "")
     scheme = _field(d, "signature_scheme", str, "hmac-sha256")
@@ -153,10 +158,14 @@ def check_security(d: Mapping[str, Any], *, require_key: bool = True) -> Securit
         raise ConfigError(f"{missing}: missing (curve_publickey and curve_secretkey come together)")
     keys: list[bytes | None] = []
     for name, value in (("curve_publickey", pub), ("curve_secretkey", sec)):
-        if value is not None and (not isinstance(value, str) or len(value) != 40):
-            raise ConfigError(f"{name}: must be a 40-character Z85 string")
+        if value is not None and (not isinstance(value, str) or len(value) != 40 or not set(value) <= _Z85):
+            raise ConfigError(f"{name}: must be a 40-character Z85 string (ZeroMQ's RFC 32 alphabet)")
         keys.append(value.encode() if value else None)
-    return Security(key.encode(), scheme, keys[0], keys[1])
+    try:
+        raw_key = key.encode()
+    except UnicodeEncodeError:
+        raise ConfigError("key: not encodable as UTF-8 (a lone surrogate?)") from None
+    return Security(raw_key, scheme, keys[0], keys[1])
 
 
 def parse_connection(d: Any) -> ConnectionInfo:
@@ -363,6 +372,9 @@ class KernelConfig:
             value = getattr(self, f.name)
             if low is None or isinstance(value, bool):
                 continue
+            if isinstance(value, float) and math.isnan(value):
+                # nan compares false with everything: a nan timeout would never expire
+                raise ConfigError(f"{flag_of(f)} must be a number, got nan")
             bad = value <= low if f.metadata["exclusive"] else value < low
             if bad:
                 op = ">" if f.metadata["exclusive"] else ">="

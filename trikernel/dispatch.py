@@ -623,6 +623,7 @@ class Dispatcher:
 
     # -- handlers: user run ------------------------------------------------------
     async def execute(self, msg: Message) -> Reply:
+        _check_execute_content(msg.content)
         started = utcnow_iso()
         jobs = await self._jobs_when_ready()
         content: dict[str, Any] = await self.in_user_run(lambda: jobs.execute(msg))
@@ -741,6 +742,24 @@ def _sync(fn: Callable[[Message], Any], msg: Message) -> Callable[[], Awaitable[
         return fn(msg)
 
     return run
+
+
+#: execute_request's boolean fields (spec "Execute"); 0 and 1 pass as bools
+_EXECUTE_FLAGS = ("silent", "store_history", "allow_stdin", "stop_on_error")
+
+
+def _check_execute_content(content: dict[str, Any]) -> None:
+    """Refuse what would otherwise be coerced and run: ``code`` that is not a
+    string (``5`` ran as ``"5"``), a flag that is not a boolean (``"false"``
+    was true). Raises ProtocolError (kind "bad_content"): an error reply,
+    counted; ipykernel answers such requests with an error too."""
+    code = content.get("code", "")
+    if not isinstance(code, str):
+        raise ProtocolError(f"execute_request: code must be a string, got {type(code).__name__}", "bad_content")
+    for name in _EXECUTE_FLAGS:
+        value = content.get(name)
+        if value is not None and not isinstance(value, (bool, int)):
+            raise ProtocolError(f"execute_request: {name} must be a boolean, got {type(value).__name__}", "bad_content")
 
 
 def _flag(content: dict[str, Any], name: str, default: bool) -> bool:

@@ -19,6 +19,7 @@ before the reply (fdcapture.py).
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -187,6 +188,9 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
     un = UserNursery(nursery, shell.showtraceback)
     nursery.start_soon(un.host)  # runs before any job: the loop checkpoints first
     trikernel.nursery = un
+    held = trikernel._user_path_entry
+    if held is not None and held not in sys.path:
+        sys.path.insert(0, held)  # user code imports from the notebook's folder (__main__.py)
     for name, value in (("nursery", un), ("trio", trio)):
         shell.user_ns[name] = value
         shell.user_ns_hidden[name] = value

@@ -56,6 +56,8 @@ def register(shell: Any, stats: Callable[[], dict[str, Any]], message_log: Messa
         if words[:1] == ["log"]:
             _show_log(message_log, words[1:])
             return None
+        if words and words != ["--return"]:
+            raise UsageError(f"%trikernel {line.strip()}: use %trikernel, %trikernel --return or %trikernel log [N]")
         values = stats()
         width = max((len(k) for k in values), default=0)
         for k, v in values.items():

@@ -32,9 +32,13 @@ such line; ``total`` and ``by`` direction and channel since start-up) and
 ``closed`` (totals, at shutdown).
 
 Never in a line: the signature frame, the HMAC key or the CurveZMQ secret
-key (any occurrence of either in a message — ``%connect_info`` prints
-them — is replaced by ``<redacted>``, a key's head at the end of a cut
-content too). Identities are hex. The file is created 0600 and appended to.
+key (any occurrence of either in a message, as it is or JSON-escaped —
+``%connect_info`` prints them — is replaced by ``<redacted>``, a key's head
+at the end of a cut content too; keys under 8 characters, which
+jupyter_client never makes, are not searched for: they would match
+ordinary text), nor the answer to a ``getpass()`` (the ``value`` of an
+``input_reply`` to an ``input_request`` with ``password: true``).
+Identities are hex. The file is created 0600 and appended to.
 
 Threads: :meth:`record` runs in the io run and only appends to a bounded
 deque (``--message-log-queue`` lines): it never blocks on the disk; a
@@ -196,7 +200,21 @@ class MessageLog:
         self._bound = content_bytes
         self._keep = max(content_bytes, MIN_KEEP)
         self._capacity = capacity
-        self._secrets = tuple(s for s in secrets if len(s) >= 8)
+        # a secret as it may appear in a line: itself, and JSON-escaped (a
+        # quote or non-ASCII character in a key is escaped in the line).
+        # Under 8 characters it would match ordinary text: jupyter_client's
+        # keys are UUIDs, so such keys are not searched for (documented).
+        forms: list[str] = []
+        for secret in secrets:
+            if len(secret) < 8:
+                continue
+            for form in (secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]):
+                if form not in forms:
+                    forms.append(form)
+        self._secrets = tuple(forms)
+        #: msg_ids of input_requests with ``password: true`` (writer thread):
+        #: the value of the input_reply answering one is never written
+        self._password_requests: deque[str] = deque(maxlen=64)
         self._queue: deque[_Record] = deque()
         self._wake = threading.Event()
         # io run only (single producer): plain ints and a dict of fixed keys
@@ -422,7 +440,8 @@ class MessageLog:
         is cut, spans lines or holds NaN/Infinity; the header is parsed for
         ``msg_type``. Frames of dropped input are always parsed (or cut)."""
         t, direction, channel, idents, n_idents, parts, sizes, note = item
-        trusted = not (note and "dropped" in note)
+        # stdin lines are parsed (few): getpass answers are redacted below
+        trusted = not (note and "dropped" in note) and channel != "stdin"
         rec: dict[str, Any] = {"time": _iso(t), "dir": direction, "channel": channel}
         rec["identities"] = [_head(f).hex() for f in idents]
         if n_idents > len(idents):
@@ -447,6 +466,8 @@ class MessageLog:
                 rec["json_frames"] = len(parts)  # too few frames after the delimiter
             if sizes:
                 rec["buffers"] = list(sizes)
+        if channel == "stdin":
+            self._redact_password(rec)
         if note:
             rec.update(note)
         if _orjson is not None:  # frames as they are: orjson.Fragment
@@ -457,6 +478,20 @@ class MessageLog:
             if secret in line:
                 line = line.replace(secret, REDACTED)
         return line
+
+    def _redact_password(self, rec: dict[str, Any]) -> None:
+        """getpass(): remember an input_request with ``password: true``; the
+        ``value`` of the input_reply whose parent it is becomes REDACTED
+        (a reply with an unknown parent keeps its value: it is not a password)."""
+        header, content = rec.get("header"), rec.get("content")
+        if not isinstance(header, dict) or not isinstance(content, dict):
+            return
+        if rec["msg_type"] == "input_request" and content.get("password") is True:
+            self._password_requests.append(str(header.get("msg_id")))
+        elif rec["msg_type"] == "input_reply":
+            parent = rec.get("parent_header")
+            if isinstance(parent, dict) and str(parent.get("msg_id")) in self._password_requests and "value" in content:
+                rec["content"] = {**content, "value": REDACTED}
 
     def _part(self, name: str, frame: _Frame, trusted: bool) -> tuple[str, Any]:
         """(key, value) of one JSON frame in a line: as it is (``trusted``,

@@ -114,6 +114,8 @@ def create_and_bind(
                     port = _bind_random_ipc(sock, conn)
             except zmq.ZMQError as exc:
                 why = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+                if ":" in conn.ip and conn.transport == "tcp" and not sock.getsockopt(zmq.IPV6):
+                    why += f" (ip {conn.ip!r} is IPv6: ZeroMQ needs --socket-option '*.IPV6=1' for it)"
                 raise BindError(f"cannot bind {channel} channel to {conn.url(channel, port)}: {why}") from None
             ports[f"{channel}_port"] = port
     except BaseException:

@@ -33,6 +33,7 @@ the io thread starts). :class:`SocketOptions` is immutable and shareable.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import logging
 import re
@@ -381,6 +382,11 @@ def _from_config(path: str) -> tuple[str, list[Setting]]:
         raise ConfigError(f"{label}: cannot read: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{label}: invalid TOML: {e}") from None
+    for other in sorted(k for k in data if k != CONFIG_TABLE):
+        # other tables are left to other readers; a near miss is a typo that
+        # would otherwise drop every option in silence
+        if difflib.get_close_matches(other, [CONFIG_TABLE], n=1, cutoff=0.8):
+            raise ConfigError(f"{label}: unknown table [{other}]: did you mean [{CONFIG_TABLE}]?")
     table = data.get(CONFIG_TABLE, {})
     if not isinstance(table, dict):
         kind = type(table).__name__

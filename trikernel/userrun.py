@@ -149,6 +149,8 @@ class UserRun:
         send = self._send
         if self.token is None or send is None:
             raise KernelShuttingDown("the user run is not running")
+        if self.stopping:  # queued behind the _Stop marker it would never run
+            raise KernelShuttingDown("the user run is stopping")
         try:
             self.token.run_sync_soon(send.send_nowait, job)
         except trio.RunFinishedError:

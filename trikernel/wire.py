@@ -237,6 +237,18 @@ def new_header(msg_type: str, session: str, username: str = "kernel") -> dict[st
     }
 
 
+def _hmac_hashes() -> list[str]:
+    """The hash names HMAC can use here (fixed-size digests), sorted."""
+    usable = []
+    for name in sorted(hashlib.algorithms_available):
+        try:
+            hmac.digest(b"", b"", name)
+        except (ValueError, TypeError):
+            continue
+        usable.append(name)
+    return usable
+
+
 class Signer:
     """HMAC signer/verifier for one connection.
 
@@ -250,10 +262,10 @@ class Signer:
             raise ConfigError(f"signature_scheme: {scheme!r} is not of the form 'hmac-<hash>'")
         name = scheme[len("hmac-") :]
         try:
-            hashlib.new(name)
+            hmac.digest(b"", b"", name)  # what sign() calls: refuses XOFs (shake_*) too
         except (ValueError, TypeError):
             raise ConfigError(
-                f"signature_scheme: unknown hash {name!r} (known: {sorted(hashlib.algorithms_available)})"
+                f"signature_scheme: {scheme!r} cannot sign (HMAC hashes: {', '.join(_hmac_hashes())})"
             ) from None
         self.key = key
         self.scheme = scheme

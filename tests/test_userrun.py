@@ -1,0 +1,595 @@
+"""Tier 2: the user run (userrun.UserRun, Job) with fake job bodies.
+
+The real UserRun runs on the test's main thread, as the kernel runs it
+(``on_main_thread``: its SIGINT handling is the real one), driven through
+guestrun.run as in the kernel. A fake io run, a plain ``trio.run`` on a
+helper thread, plays dispatch.py's part: it makes Jobs (they capture its
+token), hands them over with ``start_job_soon``/``start_task_soon``, waits
+on ``job.done`` and calls ``interrupt()``/``stop()``. Job bodies are small
+async functions of the test (xeus's mock interpreter and ipykernel's
+MockKernel are the models). No kernel subprocess, no IPython: fast.
+
+Covered: order and exclusivity of the sequential lane, concurrent jobs
+running while a sequential one awaits, interrupts (at an await, in sync
+code, with SIGINT disabled by the job, while idle, at start-up, with
+SIGINT ignored at start), SIGINT disposition put back before and after
+every job, stop() (with a concurrent job still running, and before the run
+took jobs), and submissions before and after the run, including an
+interrupt sent while idle and followed at once by a job (it used to
+interrupt that job) and a job submitted right behind stop() (it used to be
+neither run nor refused).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+import trio
+
+from trikernel import userrun
+from trikernel.errors import KernelShuttingDown
+from trikernel.userrun import SEQ_BUFFER, Job, UserRun
+
+pytestmark = pytest.mark.timeout(30)
+
+TIMEOUT = 5.0
+Script = Callable[["IoSide"], Awaitable[None]]
+
+
+class IoSide:
+    """The fake io run's helpers (call them from its trio run)."""
+
+    def __init__(self, user_run: UserRun):
+        self.user_run = user_run
+
+    def job(self, fn: Callable[[], Awaitable[Any]], *, concurrent: bool = False) -> Job:
+        job = Job(fn)
+        if concurrent:
+            self.user_run.start_task_soon(job)
+        else:
+            self.user_run.start_job_soon(job)
+        return job
+
+    async def done(self, *jobs: Job) -> None:
+        with trio.fail_after(TIMEOUT):
+            for job in jobs:
+                await job.done.wait()
+
+    async def run(self, fn: Callable[[], Awaitable[Any]], *, concurrent: bool = False) -> Job:
+        job = self.job(fn, concurrent=concurrent)
+        await self.done(job)
+        return job
+
+    async def wait(self, event: threading.Event) -> None:
+        """Wait for a threading.Event the user run sets."""
+        ok = await trio.to_thread.run_sync(event.wait, TIMEOUT, abandon_on_cancel=True)
+        assert ok, "the user run never got there"
+
+
+def drive(
+    script: Script, *, user_run: UserRun | None = None, setup: Callable[[trio.Nursery], None] | None = None
+) -> UserRun:
+    """Run a UserRun on this (the main) thread until ``script``, run in a
+    fake io run on a helper thread once the user run is ready, returns; the
+    io side stops the user run then, whatever happened. Re-raises what the
+    script raised."""
+    ur = user_run if user_run is not None else UserRun()
+    ready = threading.Event()
+    failure: list[BaseException] = []
+
+    def io_thread() -> None:
+        async def main() -> None:
+            io = IoSide(ur)
+            with trio.fail_after(TIMEOUT * 2):
+                await io.wait(ready)
+                await script(io)
+
+        try:
+            trio.run(main)
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            ur.stop()
+
+    t = threading.Thread(target=io_thread, name="fake-io-run", daemon=True)
+    t.start()
+    try:
+        ur.run(setup or (lambda nursery: None), ready.set)
+    finally:
+        t.join(TIMEOUT * 3)
+    assert not t.is_alive(), "the fake io run did not end"
+    assert ur.stopped.is_set()
+    if failure:
+        raise failure[0]
+    return ur
+
+
+@pytest.fixture(autouse=True)
+def _sigint_state() -> Iterator[None]:
+    """The user run leaves its SIGINT handler and mask in place (a kernel
+    exits after it): put pytest's back after each test."""
+    handler = signal.getsignal(signal.SIGINT)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, handler)
+
+
+async def checkpoints(n: int = 5) -> None:
+    for _ in range(n):
+        await trio.lowlevel.checkpoint()
+
+
+def spin_until(flag: threading.Event) -> bool:
+    """Sync Python code with no checkpoint, up to TIMEOUT; True if ``flag``."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        if flag.is_set():
+            return True
+    return False
+
+
+def main_thread_only() -> None:
+    assert threading.current_thread() is threading.main_thread()
+
+
+# ---------------------------------------------------------------- the lanes
+
+
+def test_sequential_jobs_run_one_at_a_time_in_order() -> None:
+    trace: list[str] = []
+    busy: list[bool] = []
+    ur = UserRun()
+
+    def body(name: str) -> Callable[[], Awaitable[str]]:
+        async def fn() -> str:
+            main_thread_only()
+            busy.append(ur.busy)
+            trace.append(f"start {name}")
+            await checkpoints()  # the next job must not start meanwhile
+            trace.append(f"end {name}")
+            return name.upper()
+
+        return fn
+
+    async def script(io: IoSide) -> None:
+        jobs = [io.job(body(n)) for n in "abcd"]  # back to back, as many as the lane buffers
+        assert len(jobs) == SEQ_BUFFER
+        await io.done(*jobs)
+        assert [j.result for j in jobs] == ["A", "B", "C", "D"]
+        assert all(j.error is None for j in jobs)
+
+    drive(script, user_run=ur)
+    assert trace == [f"{w} {n}" for n in "abcd" for w in ("start", "end")]
+    assert busy == [True] * 4
+    # (not checked at job.done: busy drops just after the io run is told)
+    assert not ur.busy
+
+
+def test_a_failing_job_reports_its_error_and_the_lane_serves_on() -> None:
+    async def fail() -> None:
+        raise ValueError("in the job")
+
+    async def ok() -> int:
+        return 42
+
+    async def script(io: IoSide) -> None:
+        failed = await io.run(fail)
+        assert isinstance(failed.error, ValueError)
+        assert failed.result is None
+        assert (await io.run(ok)).result == 42
+
+    drive(script)
+
+
+def test_concurrent_jobs_run_while_a_sequential_job_awaits() -> None:
+    waiting = threading.Event()
+    shared: dict[str, Any] = {}
+
+    async def cell() -> str:
+        shared["release"] = trio.Event()
+        waiting.set()
+        with trio.fail_after(TIMEOUT):
+            await shared["release"].wait()  # only a concurrent job can set it
+        return "released"
+
+    async def comm_handler() -> str:
+        main_thread_only()
+        shared["release"].set()
+        return "handled"
+
+    async def script(io: IoSide) -> None:
+        seq = io.job(cell)
+        await io.wait(waiting)
+        handler = await io.run(comm_handler, concurrent=True)
+        assert handler.result == "handled"
+        await io.done(seq)
+        assert seq.error is None
+        assert seq.result == "released"
+
+    drive(script)
+
+
+# ------------------------------------------------------------ interrupts
+
+
+def test_interrupt_lands_in_an_awaiting_job_and_the_next_job_runs() -> None:
+    waiting = threading.Event()
+    calls: list[str] = []
+    ur = UserRun()
+    ur.on_interrupt = lambda: calls.append("on_interrupt")
+
+    async def cell() -> str:
+        waiting.set()
+        await trio.sleep(TIMEOUT * 2)
+        return "not interrupted"
+
+    async def script(io: IoSide) -> None:
+        job = io.job(cell)
+        await io.wait(waiting)
+        ur.interrupt()
+        await io.done(job)
+        assert isinstance(job.error, KeyboardInterrupt), job.error
+        assert job.result is None
+        after = await io.run(checkpoints)
+        assert after.error is None
+
+    drive(script, user_run=ur)
+    assert calls == ["on_interrupt"]  # trio's handler is wrapped: subshells hear of it
+
+
+def test_interrupt_breaks_sync_code_in_a_job() -> None:
+    running = threading.Event()
+    never = threading.Event()
+
+    async def cell() -> bool:
+        running.set()
+        return spin_until(never)  # pure Python, no checkpoint
+
+    async def script(io: IoSide) -> None:
+        job = io.job(cell)
+        await io.wait(running)
+        io.user_run.interrupt()
+        await io.done(job)
+        assert isinstance(job.error, KeyboardInterrupt), (job.error, job.result)
+
+    drive(script)
+
+
+@pytest.mark.parametrize("disposition", [signal.SIG_IGN, signal.SIG_DFL], ids=["SIG_IGN", "SIG_DFL"])
+def test_interrupt_of_a_job_that_disabled_sigint_then_the_handler_is_back(disposition: Any) -> None:
+    running = threading.Event()
+    never = threading.Event()
+    calls: list[str] = []
+    ur = UserRun()
+    ur.on_interrupt = lambda: calls.append("on_interrupt")
+
+    async def cell() -> bool:
+        signal.signal(signal.SIGINT, disposition)
+        running.set()
+        return spin_until(never)
+
+    async def handler_now() -> Any:
+        return signal.getsignal(signal.SIGINT)
+
+    async def script(io: IoSide) -> None:
+        job = io.job(cell)
+        await io.wait(running)
+        ur.interrupt()  # a signal would be lost (or kill pytest): raised in the thread instead
+        await io.done(job)
+        assert isinstance(job.error, KeyboardInterrupt), (job.error, job.result)
+        # put back before done: the io run sees trio's (wrapped) handler already
+        assert signal.getsignal(signal.SIGINT) is ur._trio_sigint
+        assert (await io.run(handler_now)).result is ur._trio_sigint
+        # and interrupts work by signal again
+        waiting = threading.Event()
+
+        async def sleeper() -> None:
+            waiting.set()
+            await trio.sleep(TIMEOUT * 2)
+
+        second = io.job(sleeper)
+        await io.wait(waiting)
+        ur.interrupt()
+        await io.done(second)
+        assert isinstance(second.error, KeyboardInterrupt)
+
+    drive(script, user_run=ur)
+    assert calls == ["on_interrupt", "on_interrupt"]
+
+
+def test_sigint_disposition_changed_outside_a_job_is_put_back_before_the_next() -> None:
+    """A concurrent job (a comm handler) is not followed by a restore; the
+    next sequential job restores before it runs."""
+
+    async def comm_handler() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    async def handler_now() -> Any:
+        return signal.getsignal(signal.SIGINT)
+
+    async def script(io: IoSide) -> None:
+        await io.run(comm_handler, concurrent=True)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        seen = await io.run(handler_now)
+        assert callable(seen.result)
+        assert seen.result is io.user_run._trio_sigint
+
+    drive(script)
+
+
+class LogSeen(logging.Handler):
+    """Sets ``seen`` when a record with ``text`` is logged (any thread)."""
+
+    def __init__(self, text: str):
+        super().__init__(logging.INFO)
+        self.text = text
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+def test_an_interrupt_while_idle_is_ignored_and_the_next_job_runs_clean() -> None:
+    logger = logging.getLogger("trikernel.userrun")
+    ignored = LogSeen("interrupt while idle: ignored")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(ignored)
+
+    async def script(io: IoSide) -> None:
+        await io.run(checkpoints)  # the lane is idle after a job, too
+        io.user_run.interrupt()
+        await io.wait(ignored.seen)  # the one sign that the interrupt has landed
+        job = await io.run(checkpoints)
+        assert job.error is None
+
+    try:
+        drive(script)
+    finally:
+        logger.removeHandler(ignored)
+        logger.setLevel(level)
+
+
+def test_an_interrupt_while_idle_followed_at_once_by_a_job_does_not_hit_it() -> None:
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)  # the io thread keeps the GIL from interrupt() to start_job_soon()
+
+    async def script(io: IoSide) -> None:
+        io.user_run.interrupt()
+        job = io.job(checkpoints)
+        await io.done(job)
+        assert job.error is None, job.error
+
+    try:
+        drive(script)
+    finally:
+        sys.setswitchinterval(switch)
+
+
+def test_interrupts_while_the_run_starts_are_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    """cli.py blocks SIGINT first thing; one sent while the kernel starts is
+    delivered when the set-up unblocks it, to a handler that drops it, as is
+    one sent during the set-up (IPython loading): neither kills the run nor
+    waits, pending, to interrupt the first cell."""
+    caplog.set_level(logging.INFO, logger="trikernel.userrun")
+    main = threading.main_thread().ident or 0
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    signal.pthread_kill(main, signal.SIGINT)  # pending until the set-up
+    setup_saw: list[Any] = []
+
+    def setup(nursery: trio.Nursery) -> None:
+        setup_saw.append(signal.getsignal(signal.SIGINT))
+        signal.pthread_kill(main, signal.SIGINT)  # while IPython "loads"
+
+    async def script(io: IoSide) -> None:
+        first = await io.run(checkpoints)
+        assert first.error is None, first.error
+
+    drive(script, setup=setup)
+    dropped = [r for r in caplog.records if "interrupt while the kernel starts: ignored" in r.getMessage()]
+    assert len(dropped) == 2
+    assert setup_saw == [userrun._ignore_at_start_up]
+
+
+def test_a_run_started_with_sigint_ignored_gets_interrupts() -> None:
+    """``nohup kernel &``: trio installs its handler only over Python's
+    default one, so the run puts that back first."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    async def script(io: IoSide) -> None:
+        assert callable(signal.getsignal(signal.SIGINT))
+        waiting = threading.Event()
+
+        async def sleeper() -> None:
+            waiting.set()
+            await trio.sleep(TIMEOUT * 2)
+
+        job = io.job(sleeper)
+        await io.wait(waiting)
+        io.user_run.interrupt()
+        await io.done(job)
+        assert isinstance(job.error, KeyboardInterrupt), job.error
+
+    drive(script)
+
+
+# ------------------------------------------------------- stop, before, after
+
+
+def test_stop_cancels_concurrent_jobs_and_ends_the_run() -> None:
+    started = threading.Event()
+
+    async def forever() -> None:
+        started.set()
+        await trio.sleep_forever()
+
+    async def script(io: IoSide) -> None:
+        job = io.job(forever, concurrent=True)
+        await io.wait(started)
+        io.user_run.stop()
+        await io.done(job)  # done is set even for a job cancelled at shutdown
+        assert isinstance(job.error, KernelShuttingDown), job.error
+        await io.wait(io.user_run.stopped)
+
+    ur = drive(script)
+    assert ur.stopping
+
+    async def after() -> None:
+        # the run has returned: both lanes refuse
+        for concurrent in (False, True):
+            with pytest.raises(KernelShuttingDown):
+                IoSide(ur).job(checkpoints, concurrent=concurrent)
+
+    trio.run(after)
+
+
+def test_a_job_submitted_after_stop_is_refused_or_finished() -> None:
+    refused: list[KernelShuttingDown] = []
+
+    async def script(io: IoSide) -> None:
+        later = Job(checkpoints)  # made here: it belongs to the io run
+
+        async def stop_then_submit() -> None:
+            # stop() and the submission from one step of the user run, so
+            # that the run cannot end between them (from the io thread it
+            # may, when that thread loses the GIL in between)
+            io.user_run.stop()
+            try:
+                io.user_run.start_job_soon(later)
+            except KernelShuttingDown as exc:
+                refused.append(exc)
+
+        await io.run(stop_then_submit, concurrent=True)
+        await io.wait(io.user_run.stopped)
+        if refused:
+            return
+        # anything finished before stopped is set has been told by now (one
+        # entry queue, in order): trio.to_thread reports through it too
+        assert later.done.is_set(), "the job was accepted and then forgotten"
+        assert isinstance(later.error, KernelShuttingDown)
+
+    drive(script)
+
+
+def test_stop_lets_the_running_sequential_job_finish() -> None:
+    running = threading.Event()
+
+    async def cell() -> str:
+        running.set()
+        await checkpoints(20)
+        return "finished"
+
+    async def script(io: IoSide) -> None:
+        job = io.job(cell)
+        await io.wait(running)
+        io.user_run.stop()
+        await io.done(job)
+        assert job.error is None
+        assert job.result == "finished"
+
+    drive(script)
+
+
+def test_stop_before_the_run_takes_jobs_ends_it_after_set_up() -> None:
+    ur = UserRun()
+    ready: list[bool] = []
+
+    rescued: list[bool] = []
+
+    def setup(nursery: trio.Nursery) -> None:
+        ur.stop()  # e.g. a shutdown_request while IPython loads: no token yet
+
+    def watchdog() -> None:  # the deadline: stop it the normal way if it did not end
+        if not ur.stopped.wait(TIMEOUT):
+            rescued.append(True)
+            ur.stop()
+
+    t = threading.Thread(target=watchdog, daemon=True)
+    t.start()
+    ur.run(setup, lambda: ready.append(True))  # returns by itself
+    t.join(TIMEOUT * 2)
+    assert not rescued, "stop() during the set-up was lost"
+    assert ur.stopped.is_set()
+    assert ready == [True]
+
+
+def test_submitting_before_the_run_raises_shutting_down() -> None:
+    async def main() -> None:
+        ur = UserRun()
+        for concurrent in (False, True):
+            with pytest.raises(KernelShuttingDown):
+                IoSide(ur).job(checkpoints, concurrent=concurrent)
+
+    trio.run(main)
+
+
+def test_a_job_whose_io_run_has_ended_still_runs_and_tells_nobody() -> None:
+    """Job._finish: the io run it belongs to ended first (shutdown). The
+    job runs and sets its result; telling the dead run is skipped."""
+
+    async def make() -> Job:
+        async def fn() -> str:
+            return "ran"
+
+        return Job(fn)
+
+    orphan = trio.run(make)
+
+    async def script(io: IoSide) -> None:
+        io.user_run.start_job_soon(orphan)
+        await io.run(checkpoints)  # sequential: the orphan finished before it
+        assert orphan.result == "ran"
+        assert orphan.error is None
+        assert not orphan.done.is_set()
+
+    drive(script)
+
+
+def test_a_run_off_the_main_thread_leaves_sigint_alone() -> None:
+    """on_main_thread False (a subshell): jobs run on that thread and the
+    SIGINT disposition is not touched."""
+
+    class OffMain(UserRun):
+        on_main_thread = False
+
+    before = signal.getsignal(signal.SIGINT)
+    ur = OffMain()
+    ready = threading.Event()
+    where: list[str] = []
+
+    def user_thread() -> None:
+        ur.run(lambda nursery: None, ready.set)
+
+    async def fn() -> None:
+        where.append(threading.current_thread().name)
+        await checkpoints()
+
+    async def main() -> None:
+        io = IoSide(ur)
+        await io.wait(ready)
+        job = await io.run(fn)
+        assert job.error is None
+        ur.stop()
+
+    t = threading.Thread(target=user_thread, name="user-off-main", daemon=True)
+    t.start()
+    try:
+        trio.run(main)
+    finally:
+        ur.stop()
+        t.join(TIMEOUT)
+    assert not t.is_alive()
+    assert ur.stopped.is_set()
+    assert where == ["user-off-main"]
+    assert signal.getsignal(signal.SIGINT) is before
