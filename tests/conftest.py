@@ -7,6 +7,7 @@ message also checks its shape.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -118,20 +119,30 @@ def make_kernelspec(
     return d
 
 
+@contextlib.contextmanager
+def env_set(name: str, value: str, *, prepend_path: bool = False) -> Iterator[str]:
+    """Set environment variable ``name`` to ``value`` (``prepend_path``: put
+    ``value`` first on the path list it holds) for the ``with`` block, then
+    put back what was there; kernels started meanwhile inherit it."""
+    old = os.environ.get(name)
+    os.environ[name] = value + (os.pathsep + old if prepend_path and old else "")
+    try:
+        yield value
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_ipython_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Every kernel of the run gets a fresh IPYTHONDIR (history database,
-    profile): otherwise kernels share the user's ~/.ipython, and history
-    tests see inputs of earlier runs (jupyter_kernel_test's search test
-    found 6 matches instead of 1 on a machine that had run the suite)."""
-    root = str(tmp_path_factory.mktemp("ipython"))
-    old = os.environ.get("IPYTHONDIR")
-    os.environ["IPYTHONDIR"] = root
-    yield root
-    if old is None:
-        os.environ.pop("IPYTHONDIR", None)
-    else:
-        os.environ["IPYTHONDIR"] = old
+    profile) instead of the user's ~/.ipython, whose history holds the
+    cells of other runs; test_jupyter_kernel_test.py gives its kernel one
+    of its own, since its history search counts every match."""
+    with env_set("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython"))) as root:
+        yield root
 
 
 @pytest.fixture(scope="session")
@@ -140,13 +151,8 @@ def jupyter_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = str(tmp_path_factory.mktemp("jupyter"))
     make_kernelspec(root, "trikernel-test-signal", interrupt_mode="signal")
     make_kernelspec(root, "trikernel-test-message", interrupt_mode="message")
-    old = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = root + (os.pathsep + old if old else "")
-    yield root
-    if old is None:
-        os.environ.pop("JUPYTER_PATH", None)
-    else:
-        os.environ["JUPYTER_PATH"] = old
+    with env_set("JUPYTER_PATH", root, prepend_path=True):
+        yield root
 
 
 def start_kernel(

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from conftest import env_set
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
@@ -398,13 +399,8 @@ def faulty_specs(jupyter_path: str, tmp_path_factory: pytest.TempPathFactory) ->
     _spec(root, "conformance-faulty-nostart", ["no-such-fault"])
     for fault in FAULT_CHECKS:
         _spec(root, _name(fault), [fault], protocol="5.6" if fault in HANDSHAKE_FAULTS else "5.5")
-    old = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = root + (os.pathsep + old if old else "")
-    yield root
-    if old is None:
-        os.environ.pop("JUPYTER_PATH", None)
-    else:
-        os.environ["JUPYTER_PATH"] = old
+    with env_set("JUPYTER_PATH", root, prepend_path=True):
+        yield root
 
 
 def _rows(report: Report) -> dict[str, str]:

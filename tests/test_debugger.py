@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import zmq
-from conftest import TIMEOUT, start_kernel, stop_kernel
+from conftest import TIMEOUT, env_set, start_kernel, stop_kernel
 
 from trikernel import debugger as dbgmod
 from trikernel.kernelspec import kernel_json
@@ -205,13 +205,8 @@ def debug_specs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = str(tmp_path_factory.mktemp("jupyter-debug"))
     _spec_dir(root, "trikernel-debug")
     _spec_dir(root, "trikernel-nodebugpy", [sys.executable, "-c", NO_DEBUGPY, "-f", "{connection_file}"])
-    old = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = root + (os.pathsep + old if old else "")
-    yield root
-    if old is None:
-        os.environ.pop("JUPYTER_PATH", None)
-    else:
-        os.environ["JUPYTER_PATH"] = old
+    with env_set("JUPYTER_PATH", root, prepend_path=True):
+        yield root
 
 
 def _new_debug(name: str = "trikernel-debug") -> Debug:

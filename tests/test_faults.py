@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from conftest import TIMEOUT, execute, start_kernel, stop_kernel, wait_for_marker
 
+from trikernel.conformance.client import Channels
+
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -65,15 +67,7 @@ def test_only_execute_requests_are_aborted(kernel: Any) -> None:
 
 
 def _execute_request(kc: Any, code: str) -> dict[str, Any]:
-    content = {
-        "code": code,
-        "silent": False,
-        "store_history": True,
-        "user_expressions": {},
-        "allow_stdin": False,
-        "stop_on_error": True,
-    }
-    return kc.session.msg("execute_request", content)
+    return kc.session.msg("execute_request", Channels.execute_content(code))
 
 
 def test_run_all_with_a_failing_first_cell_runs_none_of_the_rest(kernel: Any) -> None:

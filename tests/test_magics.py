@@ -26,6 +26,7 @@ import pytest
 from conftest import (
     TIMEOUT,
     collect_outputs,
+    env_set,
     execute,
     install_kernelspec,
     start_kernel,
@@ -423,15 +424,8 @@ def test_jupyter_console_existing_as_printed(runtime_kernel):
 def test_connect_info_of_a_handshake_kernel(tmp_path):
     """Started from a JEP 66 registration file: the bound ports, and no file of its own to name."""
     root = install_kernelspec(tmp_path, "trikernel-test-hs", "--handshake")
-    old = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = root + (os.pathsep + old if old else "")
-    try:
+    with env_set("JUPYTER_PATH", root, prepend_path=True):
         km, kc = start_kernel("trikernel-test-hs")
-    finally:
-        if old is None:
-            os.environ.pop("JUPYTER_PATH")
-        else:
-            os.environ["JUPYTER_PATH"] = old
     try:
         info, rest = connect_info(kc)
         expected = km.get_connection_info(session=False)

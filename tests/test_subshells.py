@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from conftest import TIMEOUT, ValidatingClient, start_kernel, stop_kernel
 
+from trikernel.conformance.client import Channels
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -38,16 +40,7 @@ class Wire:
         return str(msg["header"]["msg_id"])
 
     def execute(self, code: str, subshell_id: str | None = None, **kw: Any) -> str:
-        content = {
-            "code": code,
-            "silent": False,
-            "store_history": True,
-            "user_expressions": {},
-            "allow_stdin": False,
-            "stop_on_error": True,
-        }
-        content.update(kw)
-        return self.send("execute_request", content, subshell_id)
+        return self.send("execute_request", Channels.execute_content(code, **kw), subshell_id)
 
     def control(self, msg_type: str, content: dict[str, Any] | None = None) -> dict[str, Any]:
         msg = self.kc.session.msg(msg_type, content or {})
