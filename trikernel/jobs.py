@@ -80,9 +80,10 @@ class ShellJobs:
             shellstate.cell(self.shell, bool(msg.content.get("store_history", not silent))) as number,
         ):
             if not silent:
-                code = msg.content.get("code", "")
-                code = code if isinstance(code, str) else str(code)  # what shell.execute runs
-                self.shell.publisher.send("execute_input", {"code": code, "execution_count": number})
+                # code is a string: dispatch refuses anything else (_check_execute_content)
+                self.shell.publisher.send(
+                    "execute_input", {"code": msg.content.get("code", ""), "execution_count": number}
+                )
             return await shell_mod.execute(
                 self.shell, msg.content, lambda prompt, password: self.stdin.request_input(msg, prompt, password)
             )

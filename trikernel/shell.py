@@ -354,7 +354,9 @@ async def execute(
     """Run an execute_request's code; returns execute_reply content.
 
     ``content``: the request content (code, silent, store_history,
-    user_expressions, allow_stdin). The caller publishes execute_input.
+    user_expressions, allow_stdin), its types checked by dispatch
+    (``_check_execute_content``: code a string, flags booleans). The caller
+    publishes execute_input.
     """
     code = content.get("code", "")
     silent = bool(content.get("silent", False))
@@ -363,8 +365,6 @@ async def execute(
     if not isinstance(user_expressions, dict):  # the spec's shape is {name: code}
         user_expressions = {}
     allow_stdin = bool(content.get("allow_stdin", False))
-    if not isinstance(code, str):
-        code = str(code)
 
     fwd = InputForwarder(request_input)
     shell._last_traceback = []
