@@ -217,7 +217,7 @@ def rig() -> Iterator[Rig]:
     user_run = FakeUserRun()
     bad_input = BadInputLog()
     parse = InboundParser(signer, bad_input)
-    stdin = StdinBridge(builder, signer, parse, bad_input)
+    stdin = StdinBridge(builder, parse)
     shut = threading.Event()
     dispatcher = Dispatcher(
         DispatchDeps(

@@ -83,23 +83,22 @@ _RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fdrelay.py")
 
 @dataclass
 class FdStats:
-    """Counters of the fd capture.
-
-    - ``mode``: ``"relay"`` (the helper process drains the pipes), ``"direct"``
-      (a kernel thread reads them: the relay could not start or died), ``"off"``.
-    - ``bytes``: bytes read from fd 1 and 2 into the notebook.
-    - ``dropped``: bytes the relay dropped past ``--fd-backlog-bytes``.
-    - ``flushes``: flushes before a reply; ``flush_timeouts``: of those, ones
-      the relay did not answer within FLUSH_TIMEOUT.
-    - ``relay_pid``: the relay process (0 before it started or in direct mode).
-    """
+    """Counters of the fd capture; ``%trikernel`` shows each as
+    ``fd_<field>``."""
 
     mode: str = "off"
+    """``"relay"`` (the helper process drains the pipes), ``"direct"`` (a
+    kernel thread reads them: the relay could not start or died), ``"off"``."""
     relay_pid: int = 0
+    """The relay process (0 before it started or in direct mode)."""
     bytes: int = 0
+    """Bytes read from fd 1 and 2 into the notebook."""
     dropped: int = 0
+    """Bytes the relay dropped past ``--fd-backlog-bytes``."""
     flushes: int = 0
+    """Flushes before a reply."""
     flush_timeouts: int = 0
+    """Of ``flushes``, the ones the relay did not answer within FLUSH_TIMEOUT."""
 
 
 class _Captured:

@@ -37,8 +37,10 @@ class InboundParser:
     Call it as ``parse(channel, frames)``: returns the Message (a
     ``strict.Refused`` when ``strict`` finds violations), or None when the
     frames were dropped (recorded in ``bad_input``). ``message_log``: where
-    every message read is recorded, or None. Not thread-safe (the replay
-    guard is shared): io run only.
+    every message read is recorded, or None. ``signer``, ``bad_input`` and
+    ``message_log`` are public: the stdin bridge signs, records and logs
+    with the same ones. Not thread-safe (the replay guard is shared): io
+    run only.
     """
 
     def __init__(
@@ -50,28 +52,28 @@ class InboundParser:
         strict: StrictCheck | None = None,
         message_log: MessageLog | None = None,
     ):
-        self._signer = signer
+        self.signer = signer
         self.bad_input = bad_input
+        self.message_log = message_log
         self._limits = limits
         self._strict = strict
-        self._message_log = message_log
         self.heap = HeapTrimmer()
 
     def __call__(self, channel: str, frames: list[bytes]) -> Message | None:
         try:
-            msg = deserialize(frames, self._signer, self._limits)
+            msg = deserialize(frames, self.signer, self._limits)
         except ProtocolError as exc:  # deserialize raises nothing else
             self.bad_input.record(channel, exc.kind, str(exc))
-            if self._message_log is not None:
-                self._message_log.record("in", channel, frames, {"dropped": exc.kind, "detail": str(exc)})
+            if self.message_log is not None:
+                self.message_log.record("in", channel, frames, {"dropped": exc.kind, "detail": str(exc)})
             size = sum(len(f) for f in frames)
             frames.clear()  # the caller's list: the frames are freed before the heap is trimmed
             self.heap.dropped(size)
             return None
         if self._strict is not None:
             msg = self._check(channel, msg, frames)
-        elif self._message_log is not None:
-            self._message_log.record("in", channel, frames)
+        elif self.message_log is not None:
+            self.message_log.record("in", channel, frames)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: received %s %s", channel, msg.msg_type, msg.msg_id)
         return msg
@@ -80,7 +82,7 @@ class InboundParser:
         """--strict: the message, or a Refused carrying its violations."""
         assert self._strict is not None
         verdict = self._strict(channel, msg)
-        if self._message_log is not None:
+        if self.message_log is not None:
             note: dict[str, Any] | None = None
             if verdict.violations or verdict.deprecated:
                 note = {}
@@ -88,7 +90,7 @@ class InboundParser:
                     note["violations"] = [str(v) for v in verdict.violations]
                 if verdict.deprecated:
                     note["deprecated"] = [str(v) for v in verdict.deprecated]
-            self._message_log.record("in", channel, frames, note)
+            self.message_log.record("in", channel, frames, note)
         if not verdict.violations:
             return msg
         self.bad_input.record(channel, "strict", log_detail(msg.msg_type, verdict.violations))

@@ -91,7 +91,7 @@ class Kernel:
         self.subshells = SubshellRegistry()
         self.user_run.on_interrupt = self._interrupt_subshells
         parse = InboundParser(signer, self.bad_input, config.wire_limits, strict=strict, message_log=message_log)
-        self.stdin = StdinBridge(builder, signer, parse, self.bad_input, iopub=self.queue, message_log=message_log)
+        self.stdin = StdinBridge(builder, parse, iopub=self.queue)
         self.iopub = IOPubTask(
             bound.sockets["iopub"],
             self.queue,

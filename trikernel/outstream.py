@@ -17,6 +17,7 @@ import os
 import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import fdcapture
@@ -205,14 +206,14 @@ class OutStream(io.TextIOBase):
             self._write_fd(pending)
 
 
+@dataclass(frozen=True)
 class Publisher:
     """Sends IOPub messages from user-side code (display, errors, comms),
     parented to the request whose code is running (see ParentTracker)."""
 
-    def __init__(self, builder: MessageBuilder, queue: IOPubQueue, parents: ParentTracker):
-        self.builder = builder
-        self.queue = queue
-        self.parents = parents
+    builder: MessageBuilder
+    queue: IOPubQueue
+    parents: ParentTracker
 
     def send(
         self,

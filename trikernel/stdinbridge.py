@@ -31,15 +31,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .badinput import BadInputLog, short
+from .badinput import short
 from .strict import Refused, refusal
-from .wire import Message, Signer, serialize
+from .wire import Message, serialize
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
+    from .inbound import InboundParser
     from .iopub import IOPubQueue
-    from .messagelog import MessageLog
     from .messages import MessageBuilder
     from .sockets import TrioSocket
 
@@ -60,29 +58,25 @@ class _Slot:
 class StdinBridge:
     """Carries input requests from user threads to the stdin channel and back.
 
-    ``parse``: turns frames read from the stdin socket into a Message, or
-    None for bad input (recorded by it); ``bad_input``: where stray or
-    unexpected stdin messages are recorded; ``iopub``: where the answer to
-    a message ``--strict`` refused is published; ``message_log``: records
-    every ``input_request`` sent (``--message-log``), or None.
+    ``parse``: the connection's InboundParser; it turns frames read from
+    the stdin socket into a Message, or None for bad input (recorded by
+    it), and the bridge uses its ``signer`` for every ``input_request``,
+    its ``bad_input`` for stray or unexpected stdin messages and its
+    ``message_log`` (``--message-log``, or None) to record every
+    ``input_request`` sent. ``iopub``: where the answer to a message
+    ``--strict`` refused is published.
     """
 
     def __init__(
         self,
         builder: MessageBuilder,
-        signer: Signer,
-        parse: Callable[[str, list[bytes]], Message | None],
-        bad_input: BadInputLog,
+        parse: InboundParser,
         *,
         iopub: IOPubQueue | None = None,
-        message_log: MessageLog | None = None,
     ):
         self._builder = builder
-        self._bad_input = bad_input
-        self._signer = signer
         self._parse = parse
         self._iopub = iopub
-        self._message_log = message_log
         self._sock: TrioSocket | None = None
         self._io_token: trio.lowlevel.TrioToken | None = None
         self._pending: dict[str, _Slot] = {}  # input_request msg_id -> slot; touched in the io run only
@@ -120,10 +114,10 @@ class StdinBridge:
     def _send_request(self, msg: Message, slot: _Slot) -> None:
         assert self._sock is not None
         self._pending[msg.msg_id] = slot
-        frames = serialize(msg, self._signer)
+        frames = serialize(msg, self._parse.signer)
         delivered = self._sock.send_nowait(frames)
-        if self._message_log is not None:
-            self._message_log.record("out", "stdin", frames, None if delivered else {"undelivered": True})
+        if self._parse.message_log is not None:
+            self._parse.message_log.record("out", "stdin", frames, None if delivered else {"undelivered": True})
 
     async def serve(self, sock: TrioSocket, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The stdin channel task (io run): reads ``input_reply`` messages and
@@ -147,11 +141,11 @@ class StdinBridge:
         if isinstance(msg, Refused):
             return msg
         if msg.msg_type != "input_reply":
-            self._bad_input.record("stdin", "unknown_msg_type", f"unexpected message type {short(msg.msg_type)}")
+            self._parse.bad_input.record("stdin", "unknown_msg_type", f"unexpected message type {short(msg.msg_type)}")
             return None
         slot = self._match(msg)
         if slot is None:
-            self._bad_input.record("stdin", "stray_input_reply", "an input_reply that answers no pending request")
+            self._parse.bad_input.record("stdin", "stray_input_reply", "an input_reply that answers no pending request")
             return None
         value = msg.content.get("value", "")
         slot.value = value if isinstance(value, str) else str(value)
