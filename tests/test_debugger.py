@@ -69,6 +69,9 @@ class Debug:
         self.seq = 0
         self.iopub: list[dict[str, Any]] = []
         self.read = 0  # index of the first IOPub message not yet looked at by wait_event
+        # control replies read while waiting for another one: requests in flight
+        # at once may be answered in any order (one io-run task per request)
+        self.early: dict[str, dict[str, Any]] = {}
 
     # -- requests ------------------------------------------------------------------
     def send(self, command: str, arguments: dict[str, Any] | None = None) -> tuple[str, int]:
@@ -80,11 +83,12 @@ class Debug:
 
     def reply(self, msg_id: str, timeout: float = TIMEOUT) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
-        while True:
+        while msg_id not in self.early:
             r = self.kc.get_control_msg(timeout=max(0.1, deadline - time.monotonic()))
-            if r["parent_header"].get("msg_id") == msg_id:
-                assert r["msg_type"] == "debug_reply"
-                return r["content"]  # type: ignore[no-any-return]
+            self.early[r["parent_header"].get("msg_id")] = r
+        r = self.early.pop(msg_id)
+        assert r["msg_type"] == "debug_reply"
+        return r["content"]  # type: ignore[no-any-return]
 
     def __call__(
         self, command: str, arguments: dict[str, Any] | None = None, timeout: float = TIMEOUT
