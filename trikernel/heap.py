@@ -56,6 +56,7 @@ class HeapTrimmer:
         self.min_interval = min_interval
         self.trims = 0  #: times malloc_trim ran
         self._pending = 0
+        self._owed = False  # input was dropped since the last trim by run()
         self._last = -min_interval
         self._trim = _malloc_trim()
 
@@ -64,6 +65,7 @@ class HeapTrimmer:
         if self._trim is None:
             return
         self._pending += nbytes
+        self._owed = True
         if self._pending < self.after_bytes:
             return
         now = time.monotonic()
@@ -81,11 +83,20 @@ class HeapTrimmer:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """io run task: once a burst of dropped input is over, return the rest
-        of it too. A timer (principle 3): no event says "the peer stopped"."""
+        of it too, within ``min_interval`` of the last drop. A timer
+        (principle 3): no event says "the peer stopped".
+
+        A trim that :meth:`dropped` takes runs while the message that made it
+        due is still referenced, and whatever the burst frees after it stays
+        resident unless one more trim follows: so this trims after every
+        interval in which anything was dropped, not only when bytes are still
+        pending.
+        """
         task_status.started()
         if self._trim is None:
             return
         while True:
             await trio.sleep(self.min_interval)
-            if self._pending:
+            if self._owed:
+                self._owed = False
                 self._do_trim(time.monotonic())
