@@ -271,6 +271,8 @@ def test_limits_are_kernel_config_fields_with_cli_flags():
         ("max_frames", 3),
         ("max_json_bytes", 100),
         ("max_json_depth", 2),
+        # past orjson's encoder limit, accepted content could not be encoded again
+        ("max_json_depth", 255),
         ("bad_input_log_interval", 0),
         ("max_topic_bytes", -1),
     ],
@@ -280,12 +282,17 @@ def test_bad_limits_name_the_option(field, value):
         KernelConfig(**{field: value})
 
 
-def test_serialize_of_everything_accepted_round_trips():
-    """What deserialize accepts (depth <= 128) re-encodes on the fast path."""
-    limit = wire.DEFAULT_LIMITS.max_json_depth
+@pytest.mark.parametrize("limit", [wire.DEFAULT_LIMITS.max_json_depth, 254])
+def test_serialize_of_everything_accepted_round_trips(limit):
+    """What deserialize accepts re-encodes on the fast path: at the default
+    depth (128) and at the largest ``--max-json-depth`` allowed (254,
+    orjson's encoder limit)."""
     deep: object = 1
     for _ in range(limit - 1):
         deep = [deep]
     msg = Session().msg("comm_msg", {"data": deep}, None)
-    back = deserialize(serialize(msg, Signer(KEY)), Signer(KEY))
+    limits = WireLimits(max_json_depth=limit)
+    back = deserialize(serialize(msg, Signer(KEY)), Signer(KEY), limits)
     assert back.content == {"data": deep}
+    orjson = pytest.importorskip("orjson")  # the fast path (the test extra brings it), no fallback
+    assert orjson.loads(orjson.dumps(back.content)) == {"data": deep}

@@ -237,11 +237,13 @@ def knob(
     unit: str = "",
     minimum: float | None = None,
     exclusive: bool = False,
+    maximum: float | None = None,
     flag: str | None = None,
     metavar: str | None = None,
 ) -> Any:
     """A KernelConfig field: its default, help text, unit and lower bound
-    (``exclusive``: the value must be greater than ``minimum``). ``flag``
+    (``exclusive``: the value must be greater than ``minimum``), and an
+    inclusive upper bound ``maximum`` where one is needed. ``flag``
     overrides the command-line flag derived from the field name; ``metavar``
     the name of its value in ``--help``."""
     return field(
@@ -251,6 +253,7 @@ def knob(
             "unit": unit,
             "minimum": minimum,
             "exclusive": exclusive,
+            "maximum": maximum,
             "flag": flag,
             "metavar": metavar,
         },
@@ -308,6 +311,8 @@ class KernelConfig:
         "deepest nesting of arrays/objects in an incoming JSON frame; deeper is dropped unparsed",
         unit="levels",
         minimum=8,
+        # orjson's encoder limit: everything accepted can be encoded again (docs/robustness.md)
+        maximum=254,
     )
     max_topic_bytes: int = knob(
         1024, "longest IOPub subscription topic that gets an iopub_welcome", unit="bytes", minimum=0
@@ -368,15 +373,16 @@ class KernelConfig:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            low = f.metadata.get("minimum")
+            low, high = f.metadata.get("minimum"), f.metadata.get("maximum")
             value = getattr(self, f.name)
-            if low is None or isinstance(value, bool):
+            if (low is None and high is None) or isinstance(value, bool):
                 continue
             if isinstance(value, float) and math.isnan(value):
                 # nan compares false with everything: a nan timeout would never expire
                 raise ConfigError(f"{flag_of(f)} must be a number, got nan")
-            bad = value <= low if f.metadata["exclusive"] else value < low
-            if bad:
+            unit = f" {f.metadata['unit']}" if f.metadata["unit"] else ""
+            if low is not None and (value <= low if f.metadata["exclusive"] else value < low):
                 op = ">" if f.metadata["exclusive"] else ">="
-                unit = f" {f.metadata['unit']}" if f.metadata["unit"] else ""
                 raise ConfigError(f"{flag_of(f)} must be {op} {low:g}{unit}, got {value}")
+            if high is not None and value > high:
+                raise ConfigError(f"{flag_of(f)} must be <= {high:g}{unit}, got {value}")

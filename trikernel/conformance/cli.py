@@ -27,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--check",
         action="append",
+        dest="checks",
         metavar="NAME",
         help="run only this check; a glob (iopub.*) or a group (iopub) works too; repeatable",
     )
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run(
             args.kernelspec,
-            args.check,
+            args.checks,
             timeout_scale=args.timeout_scale,
             on_row=None if args.json else _print_row,
             on_start=None if args.json else _print_start,
