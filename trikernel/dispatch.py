@@ -541,6 +541,10 @@ class Dispatcher:
         if idle and run is not None:
             with trio.move_on_after(SUBSHELL_END_WAIT):
                 await run.ended.wait()
+                # ended is set from the thread's last lines, which may not have
+                # run yet (threading.active_count() still counts it): no event
+                # marks a thread's exit, so join it in a worker thread
+                await trio.to_thread.run_sync(run.thread.join, SUBSHELL_END_WAIT)
         return Reply({"status": "ok"})
 
     async def list_subshell(self, msg: Message) -> Reply:
