@@ -31,6 +31,7 @@ from traitlets import Instance, Type
 
 from . import awaitmagics, debugger, guiloop, shellstate, tracebacks
 from .errors import GuiError
+from .history import HistoryManager
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -153,6 +154,12 @@ class TrikernelShell(InteractiveShell):
         env["PAGER"] = "cat"
         env["GIT_PAGER"] = "cat"
         env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+
+    def init_history(self) -> None:
+        """IPython's history, written by trikernel.history.HistoryManager: the main
+        thread never waits for the saving thread's SQLite commit."""
+        self.history_manager = HistoryManager(shell=self, parent=self)
+        self.configurables.append(self.history_manager)  # type: ignore[arg-type]  # typed by its first item, the shell
 
     def init_hooks(self) -> None:
         super().init_hooks()
