@@ -179,6 +179,8 @@ class IOPubQueue:
         self._overdraft = 0  # io-run messages queued past capacity (<= IO_OVERDRAFT)
         self._woken_from_thread = False
         self._last_take = -1.0  # time.monotonic() of the consumer's last take
+        self._last_take_from_thread = False  # that take held items queued by another thread
+        self._thread_items = False  # items queued by another thread since the last take
         self.closed = False
 
     # -- wiring -----------------------------------------------------------
@@ -219,10 +221,11 @@ class IOPubQueue:
         if isinstance(item, StreamBatch):
             self._open[item.name] = item
         self._items.append(item)
+        from_thread = not self.in_io_thread
+        self._thread_items |= from_thread
         if self._consumer_wake is not None:
             ev, self._consumer_wake = self._consumer_wake, None
-            if not self.in_io_thread:
-                self._woken_from_thread = True
+            self._woken_from_thread = from_thread
             self._wake(ev)
 
     def _wake(self, ev: trio.Event) -> None:
@@ -304,19 +307,25 @@ class IOPubQueue:
         """Wait for items; return up to ``limit`` of them, oldest first.
 
         Adaptive batching: woken by another thread in the middle of a burst
-        (less than BURST_GAP after the last take), it waits GATHER_WINDOW so
-        the producer queues a batch; a lone message after a pause goes at once.
+        (the last take, less than BURST_GAP ago, held items that thread
+        queued too), it waits GATHER_WINDOW so the producer queues a batch.
+        A lone message after a pause goes at once, and so does the first one
+        from another thread after the io run's own (the ``execute_input``
+        after ``busy``): waiting there would hold the cell's ``idle`` behind
+        the window (trio's epoll rounds it up to 1 ms; issue 12).
         """
         while True:
             with self._lock:
                 if self._items:
                     items = self._items
                     self._last_take = time.monotonic()
+                    self._last_take_from_thread, self._thread_items = self._thread_items, False
                     return [items.popleft() for _ in range(min(limit, len(items)))]
                 ev = self._consumer_wake = trio.Event()
                 self._woken_from_thread = False
             await ev.wait()
-            if self._woken_from_thread and time.monotonic() - self._last_take < BURST_GAP:
+            in_burst = self._last_take_from_thread and time.monotonic() - self._last_take < BURST_GAP
+            if self._woken_from_thread and in_burst:
                 # a cell producing output: let it queue a batch before we
                 # take the GIL back, instead of one thread switch per message
                 await trio.sleep(GATHER_WINDOW)
