@@ -298,7 +298,10 @@ def check_matplotlib_redraws_between_cells(kc: ValidatingClient, gui: str) -> No
     streams.text[msg_id] = stdout_of(collect_outputs(kc, msg_id))
     streams.wait_for(msg_id, re.escape("DRAW [1, 0] in the GUI loop"))
     _, out = ok(kc, "print(plt.get_backend(), get_ipython().active_eventloop)")
-    assert stdout_of(out).lower() == f"{gui}agg {gui}\n"
+    # the GUI may draw the figure again at any time (an expose under a loaded
+    # X server): a later DRAW line lands in whichever cell is current
+    lines = [ln for ln in stdout_of(out).lower().splitlines() if not ln.startswith("draw ")]
+    assert lines == [f"{gui}agg {gui}"]
 
 
 @needs_tk
