@@ -322,10 +322,11 @@ def test_memory_of_dropped_input_returns_to_a_plateau(jupyter_path):
         first = burst()
         assert first - base < 32, (base, first)
         later = [burst(first + 6) for _ in range(3)]
-        # a leak adds up burst after burst, so no later burst would come back
-        # near the first; where long-lived objects land moves RSS by up to
-        # about 10 MiB on a loaded machine (seen: +9.7 then back to +0.3)
-        assert min(later) - first < 6, (first, later)
+        # a leak adds up burst after burst (3 MiB a burst: +3, +6, +9), so
+        # two of the three later bursts would not be back near the first;
+        # where long-lived objects land moves one burst by up to about
+        # 10 MiB on a loaded machine (seen: +9.7, then back to +0.3)
+        assert sorted(later)[1] - first < 6, (first, later)
         assert max(later) - first < 16, (first, later)
     finally:
         peers.close()

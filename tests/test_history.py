@@ -83,7 +83,7 @@ def test_a_slow_write_does_not_hold_up_the_next_cell(manager: HistoryManager) ->
     assert entered.wait(DEADLINE), "the saving thread never wrote"
     second = threading.Thread(target=manager.store_inputs, args=(2, "y = 2"))
     second.start()
-    second.join(DEADLINE)
+    second.join(2.0)  # well inside the slow write's DEADLINE
     try:
         assert not second.is_alive(), "store_inputs waited for the saving thread's write"
         assert not release.is_set()  # the first write was still in progress all along

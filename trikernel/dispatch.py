@@ -544,7 +544,7 @@ class Dispatcher:
                 # ended is set from the thread's last lines, which may not have
                 # run yet (threading.active_count() still counts it): no event
                 # marks a thread's exit, so join it in a worker thread
-                await trio.to_thread.run_sync(run.thread.join, SUBSHELL_END_WAIT)
+                await trio.to_thread.run_sync(run.thread.join, SUBSHELL_END_WAIT, abandon_on_cancel=True)
         return Reply({"status": "ok"})
 
     async def list_subshell(self, msg: Message) -> Reply:
@@ -672,11 +672,13 @@ async def _when_set(event: trio.Event) -> None:
     request that let the iopub task send ``busy`` before the job was handed
     to the user run. Traced in one ``execute_request``: busy to hand-over
     140 -> 40 us; the round trip moved within noise (the main thread now
-    shares the GIL with that send), inspect 3-4 % (issue 12). Not a
-    cancellation point when set: the callers wait for the job's ``done``
-    next, which is one.
+    shares the GIL with that send), inspect 3-4 % (issue 12). A cancelled
+    caller still raises Cancelled here (``checkpoint_if_cancelled``), so no
+    job is handed over that nobody would wait for.
     """
-    if not event.is_set():
+    if event.is_set():
+        await trio.lowlevel.checkpoint_if_cancelled()
+    else:
         await event.wait()
 
 

@@ -97,6 +97,7 @@ class HeapTrimmer:
             return
         while True:
             await trio.sleep(self.min_interval)
-            if self._owed:
+            now = time.monotonic()
+            if self._owed and now - self._last >= self.min_interval:  # at most one trim per interval
                 self._owed = False
-                self._do_trim(time.monotonic())
+                self._do_trim(now)

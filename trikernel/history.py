@@ -62,8 +62,6 @@ class HistoryManager(_IPythonHistoryManager):
         with self._write_lock:
             with self.db_input_cache_lock:
                 inputs, self.db_input_cache = self.db_input_cache, []
-            with self.db_output_cache_lock:
-                outputs, self.db_output_cache = self.db_output_cache, []
             if inputs:
                 try:
                     self._insert_inputs(conn, inputs)
@@ -77,6 +75,10 @@ class HistoryManager(_IPythonHistoryManager):
                     # once more in the new session; if that fails too, don't recurse
                     with contextlib.suppress(sqlite3.IntegrityError):
                         self._insert_inputs(conn, inputs)
+            # taken only now, as IPython does: if the input write raised
+            # (a locked or read-only database), the output rows stay pending
+            with self.db_output_cache_lock:
+                outputs, self.db_output_cache = self.db_output_cache, []
             if outputs:
                 try:
                     with conn:

@@ -319,8 +319,11 @@ class IOPubQueue:
                 if self._items:
                     items = self._items
                     self._last_take = time.monotonic()
-                    self._last_take_from_thread, self._thread_items = self._thread_items, False
-                    return [items.popleft() for _ in range(min(limit, len(items)))]
+                    self._last_take_from_thread = self._thread_items
+                    taken = [items.popleft() for _ in range(min(limit, len(items)))]
+                    if not items:  # what is left of a long queue may be that thread's too
+                        self._thread_items = False
+                    return taken
                 ev = self._consumer_wake = trio.Event()
                 self._woken_from_thread = False
             await ev.wait()

@@ -156,8 +156,9 @@ class TrikernelShell(InteractiveShell):
         env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
 
     def init_history(self) -> None:
-        """IPython's history, written by trikernel.history.HistoryManager: the main
-        thread never waits for the saving thread's SQLite commit."""
+        """IPython's history, written by trikernel.history.HistoryManager:
+        ``run_cell`` never waits for the saving thread's SQLite commit (a
+        history_request's ``get_tail`` still waits for a write in flight)."""
         self.history_manager = HistoryManager(shell=self, parent=self)
         self.configurables.append(self.history_manager)  # type: ignore[arg-type]  # typed by its first item, the shell
 
