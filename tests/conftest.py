@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import zmq
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from jupyter_kernel_test.msgspec_v5 import msg_structure_validator, schema_fragments, validate_message
@@ -24,6 +25,31 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 TIMEOUT = 30
+
+
+def _no_linger_by_default() -> None:
+    """Sockets made in the test process default to LINGER 0.
+
+    A socket left for the garbage collector is closed with its own linger,
+    libzmq's default -1: messages queued for a peer that is gone (a killed
+    kernel) then keep ``zmq_ctx_term`` waiting for good, and the collector
+    runs ``Context.__del__`` (``destroy`` → ``term``) inside whatever test
+    is running at the time, in C, where pytest-timeout's signal cannot end
+    it (seen once: a worker hung in test_iopub_queue.py for a context of an
+    earlier test). Sockets that set their own linger (jupyter_client's
+    1000 ms) keep it. Kernels run in their own processes: not affected.
+    """
+    init = zmq.Context.__init__
+
+    def __init__(self: zmq.Context[Any], *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.setsockopt(zmq.LINGER, 0)
+
+    zmq.Context.__init__ = __init__  # type: ignore[method-assign]
+
+
+_no_linger_by_default()
+
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 DEBUG_TYPES = frozenset({"debug_request", "debug_reply", "debug_event"})
 

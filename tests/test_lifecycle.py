@@ -216,6 +216,9 @@ def _client_for(d):
     kc = BlockingKernelClient()
     kc.load_connection_info(d)
     kc.start_channels()
+    # without a KernelManager, wait_for_ready takes a missed heartbeat (1 s by
+    # default) for a dead kernel: a loaded machine missed one while starting
+    kc.hb_channel.time_to_dead = 5.0
     kc.wait_for_ready(timeout=TIMEOUT)
     return kc
 

@@ -477,6 +477,9 @@ def test_as_argv_bakes_all_sources_and_collapses_wildcards(tmp_path: Path) -> No
 @pytest.fixture
 def ctx() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
     c: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    # libzmq's own defaults here (conftest gives the test process LINGER 0);
+    # these sockets are closed with linger 0 by destroy()
+    c.sockopts.pop(zmq.LINGER, None)
     try:
         yield c
     finally:
