@@ -21,6 +21,8 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from jupyter_kernel_test.msgspec_v5 import msg_structure_validator, schema_fragments, validate_message
 
+from trikernel.cli import EXIT_RUNTIME
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -185,22 +187,37 @@ def start_kernel(
     kernel_name: str = "trikernel", *, stderr: Any = None, env: dict[str, str] | None = None, **km_kwargs: Any
 ) -> tuple[KernelManager, ValidatingClient]:
     """A ready kernel and a started ValidatingClient; ``stderr``: a file for the
-    kernel log; ``env``: the kernel's whole environment (default: this process's)."""
-    km = KernelManager(kernel_name=kernel_name, **km_kwargs)
-    km.client_class = "conftest.ValidatingClient"
-    km.client_factory = ValidatingClient
-    if env is None:
-        km.start_kernel(stderr=stderr)
-    else:
-        km.start_kernel(stderr=stderr, env=env)
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=TIMEOUT)
-    except RuntimeError:
-        km.shutdown_kernel(now=True)
-        raise
-    return km, kc  # type: ignore[return-value]
+    kernel log; ``env``: the kernel's whole environment (default: this process's).
+
+    Started classic-way (jupyter_client picks the ports, then the kernel binds
+    them), so a kernel another test worker starts at the same moment can take
+    a port in between: trikernel then exits 1 at once, naming the port
+    (EXIT_RUNTIME). That race (the one the JEP 66 handshake removes, and
+    test_crowd provokes on purpose) gets one more start with fresh ports;
+    any other failure is raised.
+    """
+    for attempt in (1, 2):
+        km = KernelManager(kernel_name=kernel_name, **km_kwargs)
+        km.client_class = "conftest.ValidatingClient"
+        km.client_factory = ValidatingClient
+        if env is None:
+            km.start_kernel(stderr=stderr)
+        else:
+            km.start_kernel(stderr=stderr, env=env)
+        kc = km.client()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=TIMEOUT)
+        except RuntimeError:
+            process = getattr(km.provisioner, "process", None)
+            port_race = process is not None and process.poll() == EXIT_RUNTIME
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+            if port_race and attempt == 1:
+                continue
+            raise
+        return km, kc  # type: ignore[return-value]
+    raise AssertionError("unreachable")
 
 
 def stop_kernel(km: KernelManager, kc: BlockingKernelClient) -> None:
