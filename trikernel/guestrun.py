@@ -306,6 +306,10 @@ class GuestRun:
 
         def wait_for_events() -> Any:  # trio's I/O thread
             not_traced(threading.current_thread())  # never stopped by the debugger
+            # trio's thread cache may hand us a thread that another part of
+            # the process started (trio.to_thread from a cell) without SIGINT
+            # blocked: the inherited mask below covers new threads only
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             return runner.io_manager.get_events(timeout)
 
         def deliver(events: outcome.Outcome[Any]) -> None:  # trio's I/O thread
