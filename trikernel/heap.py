@@ -83,7 +83,8 @@ class HeapTrimmer:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """io run task: once a burst of dropped input is over, return the rest
-        of it too, within ``min_interval`` of the last drop. A timer
+        of it too, within two ``min_interval`` of the last drop (at most one
+        trim per interval, this one or :meth:`dropped`'s). A timer
         (principle 3): no event says "the peer stopped".
 
         A trim that :meth:`dropped` takes runs while the message that made it
