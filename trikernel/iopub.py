@@ -177,10 +177,11 @@ class IOPubQueue:
         self._io_thread: int | None = None
         self._credit_returned: trio.Event | None = None
         self._overdraft = 0  # io-run messages queued past capacity (<= IO_OVERDRAFT)
-        self._woken_from_thread = False
         self._last_take = -1.0  # time.monotonic() of the consumer's last take
         self._last_take_from_thread = False  # that take held items queued by another thread
-        self._thread_items = False  # items queued by another thread since the last take
+        # items queued by another thread since the last take that emptied the
+        # queue: after a wait (the queue was empty), whether a thread woke it
+        self._thread_items = False
         self.closed = False
 
     # -- wiring -----------------------------------------------------------
@@ -221,11 +222,10 @@ class IOPubQueue:
         if isinstance(item, StreamBatch):
             self._open[item.name] = item
         self._items.append(item)
-        from_thread = not self.in_io_thread
-        self._thread_items |= from_thread
+        if not self.in_io_thread:
+            self._thread_items = True
         if self._consumer_wake is not None:
             ev, self._consumer_wake = self._consumer_wake, None
-            self._woken_from_thread = from_thread
             self._wake(ev)
 
     def _wake(self, ev: trio.Event) -> None:
@@ -325,10 +325,9 @@ class IOPubQueue:
                         self._thread_items = False
                     return taken
                 ev = self._consumer_wake = trio.Event()
-                self._woken_from_thread = False
             await ev.wait()
             in_burst = self._last_take_from_thread and time.monotonic() - self._last_take < BURST_GAP
-            if self._woken_from_thread and in_burst:
+            if self._thread_items and in_burst:
                 # a cell producing output: let it queue a batch before we
                 # take the GIL back, instead of one thread switch per message
                 await trio.sleep(GATHER_WINDOW)
