@@ -411,3 +411,54 @@ def test_deprecated_shutdown_on_shell_is_answered_on_shell(jupyter_path):
     assert proc.wait(timeout=15) == 0
     kc.stop_channels()
     km.cleanup_resources()
+
+
+AUDIT_HOOK = """
+import os, sys, sysconfig
+_log = open(os.environ["TRIKERNEL_TEST_AUDIT_LOG"], "a", buffering=1)
+_stdlib = sysconfig.get_paths()["stdlib"]
+def _hook(event, args):
+    if event in ("subprocess.Popen", "os.posix_spawn", "os.exec", "os.system"):
+        program = os.path.basename(str(args[0] if event == "os.system" else args[1][0] if args[1] else args[0]))
+        f = sys._getframe(1)
+        while f is not None and (f.f_code.co_filename.startswith(_stdlib) or f.f_code.co_filename == __file__):
+            f = f.f_back
+        caller = f.f_code.co_filename if f is not None else "?"
+        _log.write(program + " " + "/".join(caller.split(os.sep)[-4:]) + "\\n")
+sys.addaudithook(_hook)
+"""
+
+#: Programs a kernel process may start, by the file that starts them: the
+#: fd relay (trikernel.fdcapture), and trio's ``ctypes.util.find_library("pthread")``
+#: at import, which runs ``ldconfig -p`` once (trio/_core/_thread_cache.py).
+ALLOWED_PROGRAMS = {
+    ("python", "trikernel/fdcapture.py"),
+    ("ldconfig", "trio/_core/_thread_cache.py"),
+}
+
+
+def test_kernel_starts_no_program_of_its_own_but_the_fd_relay(tmp_path):
+    """Regression (CI, GP launch test saw an ``ldconfig`` child): heap.py
+    found libc with ``ctypes.util.find_library``, which runs ``ldconfig -p``
+    as a child of the kernel at every start-up. An audit hook (a
+    sitecustomize on the kernel's path) records each program the kernel
+    process starts and which file started it, through a start-up, a cell
+    and a shutdown."""
+    (tmp_path / "sitecustomize.py").write_text(AUDIT_HOOK)
+    log = tmp_path / "audit.log"
+    env = dict(os.environ, TRIKERNEL_TEST_AUDIT_LOG=str(log))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    km, kc = start_kernel("trikernel", env=env)
+    try:
+        r, _ = execute(kc, "1")
+        assert r["content"]["status"] == "ok"
+    finally:
+        stop_kernel(km, kc)
+    started = {tuple(line.split(" ", 1)) for line in log.read_text().splitlines()}
+
+    def allowed(program: str, caller: str) -> tuple[str, str] | None:
+        name = os.path.basename(program).rstrip("0123456789.")  # python3.11 -> python
+        return next((a for a in ALLOWED_PROGRAMS if a[0] == name and caller.endswith("/" + a[1])), None)
+
+    assert ("python", "trikernel/fdcapture.py") in {allowed(*s) for s in started}, started  # the hook saw the relay
+    assert all(allowed(*s) for s in started), started

@@ -18,7 +18,6 @@ locks for a few milliseconds.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -38,8 +37,14 @@ MIN_INTERVAL = 1.0
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` from the symbols the process already has
+    (``dlopen(NULL)``), or None where there is none (musl, macOS).
+
+    Not ``ctypes.util.find_library("c")``: on Linux that runs ``ldconfig -p``
+    (and may run ``gcc``) as a child of the kernel, on every start-up.
+    """
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)
         fn = libc.malloc_trim
     except (OSError, AttributeError):
         return None
