@@ -75,11 +75,14 @@ def test_run_all_with_a_failing_first_cell_runs_none_of_the_rest(kernel: Any) ->
 
     The 41 requests are made first and then sent back to back, as a
     frontend's Run All does; whether they reach the kernel before or after
-    the first one fails does not matter."""
+    the first one fails does not matter. The failing cell takes 0.2 s, so
+    that all 41 are dated within the time the kernel spent on it (the
+    window's rule 2) even when this process is descheduled for a while on
+    a loaded machine; a bare ``1/0`` fails in a few ms."""
     _km, kc = kernel
     execute(kc, "ran = []")
     for trial in range(10):
-        msgs = [_execute_request(kc, "1/0")] + [
+        msgs = [_execute_request(kc, "import time; time.sleep(0.2); 1/0")] + [
             _execute_request(kc, f"ran.append({trial * 100 + i})") for i in range(40)
         ]
         for m in msgs:
