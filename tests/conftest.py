@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import shutil
 import sys
 import time
@@ -183,11 +184,36 @@ def jupyter_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield root
 
 
+def _wait_shell_ready(km: KernelManager, kc: BlockingKernelClient, timeout: float) -> None:
+    """Ready as jupyter console decides it: a ``kernel_info_reply`` on shell,
+    with no IOPub channel at all. Raises RuntimeError, as wait_for_ready does."""
+    msg_id = kc.kernel_info()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not km.is_alive():
+            raise RuntimeError("Kernel died before replying to kernel_info")
+        try:
+            r = kc.get_shell_msg(timeout=0.2)
+        except queue.Empty:
+            continue
+        if r["parent_header"].get("msg_id") == msg_id:
+            return
+    raise RuntimeError(f"Kernel didn't respond in {timeout} seconds")
+
+
 def start_kernel(
-    kernel_name: str = "trikernel", *, stderr: Any = None, env: dict[str, str] | None = None, **km_kwargs: Any
+    kernel_name: str = "trikernel",
+    *,
+    stderr: Any = None,
+    env: dict[str, str] | None = None,
+    iopub: bool = True,
+    **km_kwargs: Any,
 ) -> tuple[KernelManager, ValidatingClient]:
     """A ready kernel and a started ValidatingClient; ``stderr``: a file for the
-    kernel log; ``env``: the kernel's whole environment (default: this process's).
+    kernel log; ``env``: the kernel's whole environment (default: this process's);
+    ``iopub=False``: the client's IOPub channel is not started (it is made
+    and subscribes when ``kc.iopub_channel`` is first used), and readiness is
+    a ``kernel_info_reply`` on shell alone.
 
     Started classic-way (jupyter_client picks the ports, then the kernel binds
     them), so a kernel another test worker starts at the same moment can take
@@ -205,9 +231,12 @@ def start_kernel(
         else:
             km.start_kernel(stderr=stderr, env=env)
         kc = km.client()
-        kc.start_channels()
+        kc.start_channels(iopub=iopub)
         try:
-            kc.wait_for_ready(timeout=TIMEOUT)
+            if iopub:
+                kc.wait_for_ready(timeout=TIMEOUT)
+            else:
+                _wait_shell_ready(km, kc, TIMEOUT)
         except RuntimeError:
             process = getattr(km.provisioner, "process", None)
             port_race = process is not None and process.poll() == EXIT_RUNTIME

@@ -11,8 +11,9 @@ stream, new parent, size), FIFO order across producers, backpressure
 (producers block at ``capacity``; coalescing needs no credit), ``close``
 drains, NODROP waits for a slow subscriber without loss, a stuck subscriber
 falls back after ``send_timeout`` while a live one gets everything, one
-``iopub_welcome`` per subscriber, and a new subscriber joining must not cost
-a slow (not stuck) subscriber any message.
+``iopub_welcome`` per subscriber, a new subscriber joining must not cost
+a slow (not stuck) subscriber any message, and what is published while no
+one is subscribed is held (bounded) for the next subscriber.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def make_rig(
     send_timeout: float = 10.0,
     warn_after: float = 1.0,
     sndbuf: int | None = None,
+    hold_bytes: int = 0,
 ) -> Rig:
     ctx = zmq.Context()
     x = ctx.socket(zmq.XPUB)
@@ -109,7 +111,7 @@ def make_rig(
     signer = Signer(KEY)
     q = IOPubQueue(capacity, stream_batch_chars, stats, signer)
     session = Session()
-    pub = IOPubTask(x, q, session, send_timeout=send_timeout, warn_after=warn_after)
+    pub = IOPubTask(x, q, session, send_timeout=send_timeout, warn_after=warn_after, hold_bytes=hold_bytes)
     return Rig(ctx, x, f"tcp://127.0.0.1:{port}", q, pub, session, signer, stats)
 
 
@@ -609,5 +611,106 @@ def test_new_subscriber_does_not_cost_a_slow_subscriber_messages(rig_factory: An
         missing = n - len(got)
         assert got == list(range(n)), f"slow subscriber lost {missing} of {n} messages when another subscriber joined"
         assert rig.stats.fallback_drops == 0
+
+    trio.run(main)
+
+
+# ------------------------------------------------------------- no subscriber: hold
+
+
+async def _until(pred: Callable[[], bool], timeout: float = 5.0) -> None:  # noqa: ASYNC109 - part of the assertion
+    with trio.move_on_after(timeout):
+        while not pred():  # noqa: ASYNC110 - polls counters of the task under test; no event to wait on
+            await trio.sleep(0.001)
+    assert pred(), f"not within {timeout}s"
+
+
+def test_what_is_published_before_the_first_subscriber_reaches_it(rig_factory: Any) -> None:
+    """jupyter console's start (jupyter_client#593): the SUB socket joins after
+    the first cell's busy, output and idle were published. They are held, and
+    the subscriber gets them, in order, right after its welcome."""
+    rig = rig_factory(hold_bytes=1 << 20)
+
+    async def main() -> None:
+        async with running(rig):
+            assert not rig.publisher.subscribed
+            for i in range(50):
+                await rig.queue.send(rig.display(i))
+            rig.queue.write_stream("stdout", "42\n", {"msg_id": "p"})
+            await rig.queue.send(rig.msg("status", {"execution_state": "idle"}))
+            await _until(lambda: rig.stats.held == 52)
+            assert rig.stats.sent == 0
+            r = Reader(rig.subscriber())
+            await r.read_until(count_is(52), 5)
+            await r.read_for(0.05)  # nothing more comes
+            assert r.msgs[0].msg_type == "iopub_welcome"
+            got = r.non_welcome()
+            assert [m.content["data"]["text/plain"] for m in got[:50]] == [str(i) for i in range(50)]
+            assert streams(got[50:51]) == [("stdout", "42\n", "p")]
+            assert [m.msg_type for m in got[51:]] == ["status"]
+            # and from now on nothing is held
+            await rig.queue.send(rig.display(99))
+            await r.read_until(count_is(53), 5)
+            assert (rig.stats.held, rig.stats.hold_drops, rig.stats.sent) == (52, 0, 53)
+
+    trio.run(main)
+
+
+def test_the_hold_is_bounded_and_drops_oldest_first(rig_factory: Any) -> None:
+    rig = rig_factory(hold_bytes=16 << 10)
+
+    async def main() -> None:
+        async with running(rig):
+            for i in range(200):
+                await rig.queue.send(rig.display(i, pad=500))
+            await _until(lambda: rig.stats.held == 200)
+            assert 0 < rig.stats.hold_drops < 200
+            kept = 200 - rig.stats.hold_drops
+            r = Reader(rig.subscriber())
+            await r.read_until(count_is(kept), 5)
+            await r.read_for(0.05)
+            got = [int(m.content["data"]["text/plain"]) for m in r.non_welcome()]
+            assert got == list(range(200 - kept, 200))  # the newest, in order
+            assert 14 <= kept <= 24  # 16 KiB of signed messages of 0.7-1.1 KiB
+
+    trio.run(main)
+
+
+def test_after_the_last_subscriber_leaves_the_next_one_gets_what_came_between(rig_factory: Any) -> None:
+    rig = rig_factory(hold_bytes=1 << 20)
+
+    async def main() -> None:
+        async with running(rig):
+            first = rig.subscriber()
+            r1 = Reader(first)
+            await r1.read_until(lambda m: len(r1.welcomes()) == 1, 5)
+            await rig.queue.send(rig.display(1))
+            await r1.read_until(count_is(1), 5)
+            first.close(linger=0)
+            rig.subs.remove(first)
+            await _until(lambda: not rig.publisher.subscribed)  # libzmq reported the unsubscription
+            await rig.queue.send(rig.display(2))
+            await _until(lambda: rig.stats.held == 1)
+            r2 = Reader(rig.subscriber())
+            await r2.read_until(count_is(1), 5)
+            assert [m.content["data"]["text/plain"] for m in r2.non_welcome()] == ["2"]
+            assert r2.msgs[0].msg_type == "iopub_welcome"
+
+    trio.run(main)
+
+
+def test_nothing_is_held_with_hold_bytes_zero(rig_factory: Any) -> None:
+    """``--iopub-hold-bytes 0``: a plain PUB socket's behaviour."""
+    rig = rig_factory(hold_bytes=0)
+
+    async def main() -> None:
+        async with running(rig):
+            await rig.queue.send(rig.display(1))
+            await _until(lambda: rig.stats.hold_drops == 1)
+            r = Reader(rig.subscriber())
+            await r.read_until(lambda m: len(m) >= 1, 5)
+            await r.read_for(0.05)
+            assert [m.msg_type for m in r.msgs] == ["iopub_welcome"]
+            assert rig.stats.held == 1
 
     trio.run(main)

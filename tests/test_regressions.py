@@ -229,3 +229,38 @@ def test_kernel_log_stays_out_of_the_notebook(tmp_path, jupyter_path):
         stop_kernel(km, kc)
         err.close()
     assert "kernel-side line" in (tmp_path / "kernel.err").read_text()
+
+
+def test_a_client_that_subscribes_late_gets_the_first_cells_messages(jupyter_path):
+    """CI: ``jupyter console`` hung at ``In [1]:``. It connects its channels,
+    takes a ``kernel_info_reply`` on shell as ready and sends the first
+    ``execute_request`` at once; its SUB socket could join after that cell's
+    busy, output and idle were published (a plain PUB drops them;
+    jupyter_client#593), and it waited for idle for ever. Here the client
+    subscribes only after the cell's reply, so the kernel must have held the
+    messages for it (iopub.py, "No subscriber")."""
+    km, kc = start_kernel("trikernel-test-signal", iopub=False)
+    try:
+        msg_id = kc.execute("print(6 * 7)")
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            reply = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        assert reply["content"]["status"] == "ok"
+        got = []  # only now is the client's SUB socket made and connected
+
+        def idle(m):
+            return m["parent_header"].get("msg_id") == msg_id and m["content"].get("execution_state") == "idle"
+
+        while not (got and idle(got[-1])):
+            got.append(kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic())))
+        assert got[0]["msg_type"] == "iopub_welcome"
+        mine = [m for m in got if m["parent_header"].get("msg_id") == msg_id]
+        assert [m["msg_type"] for m in mine] == ["status", "execute_input", "stream", "status"]
+        assert [m["content"].get("execution_state") for m in mine][::3] == ["busy", "idle"]
+        assert mine[2]["content"]["text"] == "42\n"
+        # what came before: the kernel's start and the kernel_info that made the client call it ready
+        assert [m["content"].get("execution_state") for m in got[1:] if m["msg_type"] == "status"][:1] == ["starting"]
+    finally:
+        stop_kernel(km, kc)

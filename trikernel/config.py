@@ -282,6 +282,13 @@ class KernelConfig:
     iopub_warn_after: float = knob(
         1.0, "waiting time on a full subscriber before a warning is logged", unit="s", minimum=0, exclusive=True
     )
+    iopub_hold_bytes: int = knob(
+        8 << 20,
+        "IOPub messages held while no one is subscribed, sent to the next subscriber after its welcome; "
+        "past it the oldest are dropped (0: none held)",
+        unit="bytes",
+        minimum=0,
+    )
     stream_batch_chars: int = knob(1 << 16, "largest coalesced stream message", unit="characters", minimum=1024)
     handshake_timeout: float = knob(
         5.0, "time to wait for the JEP 66 acknowledgement", unit="s", minimum=0, exclusive=True

@@ -29,6 +29,18 @@ counted and logged (warning, rate-limited), and the task enters *degraded*
 mode: further EAGAINs fall back at once, until a NODROP send succeeds again
 (the stuck subscriber drained or left). Every new subscriber gets an
 ``iopub_welcome`` (XPUB_VERBOSE on, JEP 65).
+
+No subscriber: a PUB socket drops what it sends while nobody is subscribed,
+and a client's SUB socket joins some time after the client connected its
+other channels (libzmq connects in the background, and a connect made
+before the kernel bound its port is retried only every ``ZMQ_RECONNECT_IVL``,
+100 ms). A client that sends ``execute_request`` as soon as ``kernel_info``
+was answered (jupyter console does) then lost busy, output and idle, and
+waited for idle for ever (jupyter_client#593; 5 in 25 starts under load
+with ipykernel 7). So while the subscription frames say nobody is
+subscribed, the iopub task *holds* what it would send, up to ``hold_bytes``
+(oldest dropped past it, counted in ``hold_drops``), and sends it, in order,
+right after the welcome of the next subscriber.
 """
 
 from __future__ import annotations
@@ -98,6 +110,10 @@ class IOPubStats:
       reads again. The messages it misses are not counted (libzmq does not
       report them); this counts the cut-offs.
     - ``welcomes``: ``iopub_welcome`` messages sent.
+    - ``held``: messages held while no one was subscribed; each is sent to
+      the next subscriber after its welcome, or counted in ``hold_drops``.
+    - ``hold_drops``: held messages dropped, oldest first, past
+      ``hold_bytes``, or still held at shutdown (nobody ever subscribed).
     - ``stream_messages`` / ``stream_writes``: coalescing ratio.
     - ``producer_blocks``: times a producer found the queue full and waited.
     - ``send_errors``: messages that could not be serialised or sent (bug
@@ -114,6 +130,8 @@ class IOPubStats:
     max_wait: float = 0.0
     fallback_drops: int = 0
     welcomes: int = 0
+    held: int = 0
+    hold_drops: int = 0
     stream_messages: int = 0
     stream_writes: int = 0
     producer_blocks: int = 0
@@ -435,6 +453,9 @@ class IOPubTask:
     messages, ``iopub_welcome``. Exits: after the close marker (queue
     drained) or on cancellation. ``message_log``: records each message
     after it left (``--message-log``), or None: one test per message.
+    ``hold_bytes``: what is held while no one is subscribed (module
+    docstring; the kernel passes ``--iopub-hold-bytes``, 8 MiB by default);
+    0 holds nothing (a message sent then is lost, as with a plain PUB socket).
     """
 
     def __init__(
@@ -449,6 +470,7 @@ class IOPubTask:
         bad_input: BadInputLog | None = None,
         max_topic_bytes: int = 1024,
         message_log: MessageLog | None = None,
+        hold_bytes: int = 0,
     ):
         self.sock = sock
         self.queue = queue
@@ -470,6 +492,23 @@ class IOPubTask:
         self.bad_input = bad_input if bad_input is not None else BadInputLog()
         self.max_topic_bytes = max_topic_bytes
         self.message_log = message_log
+        #: topics with at least one subscriber, from the subscription frames
+        #: (libzmq reports an unsubscription when a topic's last subscriber
+        #: leaves: XPUB_VERBOSER off)
+        self._topics: set[bytes] = set()
+        self.hold_bytes = hold_bytes
+        self._held: deque[list[bytes]] = deque()
+        self._held_bytes = 0
+        #: held while a flush sends: a newer message waits behind it, in order
+        self._flushing = trio.Lock()
+        self._warn_hold = _RateLimitedWarning()
+
+    @property
+    def subscribed(self) -> bool:
+        """Whether any topic has a subscriber, as the subscription frames read
+        so far say (io run; a subscriber that has connected but whose frame
+        is not read yet does not count)."""
+        return bool(self._topics)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.queue.attach()
@@ -493,14 +532,15 @@ class IOPubTask:
                         if log.isEnabledFor(logging.DEBUG):
                             log.debug("sending %s", item.name if isinstance(item, StreamBatch) else item[0])
                         try:
-                            if isinstance(item, StreamBatch):
-                                frames = await self._send_stream(item)
+                            frames = await self._stream_frames(item) if isinstance(item, StreamBatch) else item[1]
+                            if self._held or not self._topics or self._flushing.locked():
+                                self._hold(frames)
+                                await self._flush_held()
                             else:
-                                frames = item[1]
                                 await self._send(frames)
-                            self.stats.sent += 1
-                            if mlog is not None:
-                                mlog.record("out", "iopub", frames)
+                                self.stats.sent += 1
+                                if mlog is not None:
+                                    mlog.record("out", "iopub", frames)
                         except Exception:  # trio.Cancelled is a BaseException: it passes
                             # never let one message take the IOPub path down
                             self.stats.send_errors += 1
@@ -514,8 +554,46 @@ class IOPubTask:
                 # shell and stdin tasks of this run.
                 await trio.lowlevel.checkpoint()
             nursery.cancel_scope.cancel()
+        if self._held:
+            self.stats.hold_drops += len(self._held)
+            log.debug("iopub: %d held message(s) never had a subscriber", len(self._held))
 
-    async def _send_stream(self, b: StreamBatch) -> list[bytes]:
+    def _hold(self, frames: list[bytes]) -> None:
+        """Keep ``frames`` for the next subscriber; drop the oldest past ``hold_bytes``."""
+        size = sum(map(len, frames))
+        self._held.append(frames)
+        self._held_bytes += size
+        self.stats.held += 1
+        while self._held_bytes > self.hold_bytes and self._held:
+            self._held_bytes -= sum(map(len, self._held.popleft()))
+            self.stats.hold_drops += 1
+            self._warn_hold(
+                "iopub: no subscriber, and more than %d bytes of messages held for the next one; "
+                "the oldest are dropped (hold_drops=%d)",
+                self.hold_bytes,
+                self.stats.hold_drops,
+            )
+
+    async def _flush_held(self) -> None:
+        """Send the held messages, oldest first, while someone is subscribed.
+        Called by the run loop and by the welcomer (after a welcome); the lock
+        keeps the order when both do."""
+        async with self._flushing:
+            while self._held and self._topics:
+                frames = self._held[0]
+                try:
+                    await self._send(frames)
+                except Exception:  # as in run(): one message never takes the IOPub path down
+                    self.stats.send_errors += 1
+                    log.exception("iopub: could not send a held message; it is lost")
+                else:
+                    self.stats.sent += 1
+                    if self.message_log is not None:
+                        self.message_log.record("out", "iopub", frames)
+                self._held.popleft()
+                self._held_bytes -= sum(map(len, frames))
+
+    async def _stream_frames(self, b: StreamBatch) -> list[bytes]:
         # While a flood goes on, let the open tail batch collect more text.
         if not b.sealed:
             # still the open tail of the queue: let it gather the rest of the
@@ -527,9 +605,7 @@ class IOPubTask:
         msg = self.builder.iopub("stream", {"name": b.name, "text": text}, b.parent)
         self._last_stream = time.monotonic()
         self.stats.stream_messages += 1
-        frames = serialize(msg, self.signer)
-        await self._send(frames)
-        return frames
+        return serialize(msg, self.signer)
 
     async def _send(self, frames: list[bytes]) -> None:
         sock = self.sock
@@ -544,7 +620,7 @@ class IOPubTask:
         (zmq_getsockopt(3), ZMQ_FD): look, and wake the welcomer if so."""
         if int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self._read_subscriptions()
-            if self._welcomes and self._sub_waiter is not None:
+            if (self._welcomes or (self._held and self._topics)) and self._sub_waiter is not None:
                 self._sub_waiter.cancel()
 
     async def _send_waiting(self, frames: list[bytes]) -> None:
@@ -617,6 +693,9 @@ class IOPubTask:
         while True:
             self._read_subscriptions()
             await self._send_welcomes()
+            if self._held and self._topics:
+                await self._flush_held()
+                continue  # subscriptions may have come meanwhile
             with trio.CancelScope() as scope:
                 self._sub_waiter = scope
                 try:
@@ -645,7 +724,11 @@ class IOPubTask:
             if sub[:1] != b"\x01":
                 if sub[:1] != b"\x00" or len(frames) != 1:  # b"\x00...": an unsubscription
                     self.bad_input.record("iopub", "not_a_subscription", f"{len(frames)} frame(s), not a subscription")
+                else:
+                    self._topics.discard(sub[1:])  # the topic's last subscriber left
                 continue
+            if len(frames) == 1:
+                self._topics.add(sub[1:])  # libzmq applied it, long or not
             if len(frames) != 1 or len(sub) - 1 > self.max_topic_bytes:
                 self.bad_input.record(
                     "iopub",

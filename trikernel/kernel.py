@@ -102,6 +102,7 @@ class Kernel:
             bad_input=self.bad_input,
             max_topic_bytes=config.max_topic_bytes,
             message_log=message_log,
+            hold_bytes=config.iopub_hold_bytes,
         )
         # debugpy is imported only when a client first turns the debugger on (debugger.py)
         self.debugger = Debugger(DebuggerDeps(builder, self.queue, self.user_run))
