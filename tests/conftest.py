@@ -207,13 +207,15 @@ def start_kernel(
     stderr: Any = None,
     env: dict[str, str] | None = None,
     iopub: bool = True,
+    stdin: bool = True,
     **km_kwargs: Any,
 ) -> tuple[KernelManager, ValidatingClient]:
     """A ready kernel and a started ValidatingClient; ``stderr``: a file for the
     kernel log; ``env``: the kernel's whole environment (default: this process's);
     ``iopub=False``: the client's IOPub channel is not started (it is made
     and subscribes when ``kc.iopub_channel`` is first used), and readiness is
-    a ``kernel_info_reply`` on shell alone.
+    a ``kernel_info_reply`` on shell alone; ``stdin=False``: likewise, the
+    stdin channel is not started.
 
     Started classic-way (jupyter_client picks the ports, then the kernel binds
     them), so a kernel another test worker starts at the same moment can take
@@ -231,7 +233,7 @@ def start_kernel(
         else:
             km.start_kernel(stderr=stderr, env=env)
         kc = km.client()
-        kc.start_channels(iopub=iopub)
+        kc.start_channels(iopub=iopub, stdin=stdin)
         try:
             if iopub:
                 kc.wait_for_ready(timeout=TIMEOUT)

@@ -264,3 +264,42 @@ def test_a_client_that_subscribes_late_gets_the_first_cells_messages(jupyter_pat
         assert [m["content"].get("execution_state") for m in got[1:] if m["msg_type"] == "status"][:1] == ["starting"]
     finally:
         stop_kernel(km, kc)
+
+
+def test_an_input_request_waits_for_a_stdin_channel_that_joins_late(jupyter_path):
+    """The same kind as the late IOPub subscriber: the client's stdin socket
+    joins after the cell has called ``input()``. The ROUTER cannot route the
+    ``input_request`` yet (EHOSTUNREACH); it used to be dropped, and the cell
+    waited for ever for an answer that could not come. Now it is retried
+    until the socket joins (stdinbridge.ROUTE_TIMEOUT)."""
+    km, kc = start_kernel("trikernel-test-signal", stdin=False)
+    try:
+        msg_id = kc.execute("print('STARTED', flush=True)\nname = input('who? ')\nprint('hi', name)", allow_stdin=True)
+        wait_for_marker(kc, msg_id)  # input() is being called
+        time.sleep(0.3)  # a few of the kernel's delivery attempts fail meanwhile
+        req = kc.get_stdin_msg(timeout=TIMEOUT)  # the stdin socket is made and connects only now
+        assert req["msg_type"] == "input_request"
+        assert req["parent_header"]["msg_id"] == msg_id
+        kc.input("trio")
+        out = collect_outputs(kc, msg_id)
+        assert stdout_of(out) == "hi trio\n"
+    finally:
+        stop_kernel(km, kc)
+
+
+def test_an_input_request_nobody_can_receive_fails_the_input_call(jupyter_path):
+    """A client that says ``allow_stdin`` but never connects a stdin socket:
+    after ROUTE_TIMEOUT (5 s) ``input()`` raises StdinNotImplementedError, as
+    with ``allow_stdin: false``, instead of waiting for ever."""
+    km, kc = start_kernel("trikernel-test-signal", stdin=False)
+    try:
+        t0 = time.monotonic()
+        reply, _ = execute(kc, "input('who? ')", allow_stdin=True)
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "StdinNotImplementedError"
+        assert "did not connect" in reply["content"]["evalue"]
+        assert time.monotonic() - t0 >= 4.9
+        r, _ = execute(kc, "1 + 1")
+        assert r["content"]["status"] == "ok"
+    finally:
+        stop_kernel(km, kc)

@@ -238,16 +238,19 @@ class TrioSocket:
         finally:
             self._wake_reader()
 
-    def send_nowait(self, frames: list[bytes]) -> bool:
+    def send_nowait(self, frames: list[bytes], *, quiet: bool = False) -> bool:
         """Send without blocking; returns False (counted, logged) when a
-        ROUTER cannot route the message: the peer is gone (EHOSTUNREACH) or
-        past its high-water mark (EAGAIN)."""
+        ROUTER cannot route the message: the peer is gone or not connected
+        yet (EHOSTUNREACH) or past its high-water mark (EAGAIN). ``quiet``:
+        neither counted nor logged, for a caller that tries again."""
         try:
             self.sock.send_multipart(frames, zmq.NOBLOCK)
             return True
         except zmq.ZMQError as exc:
             if exc.errno not in (zmq.EAGAIN, zmq.EHOSTUNREACH):
                 raise
+            if quiet:
+                return False
             self.dropped += 1
             now = time.monotonic()
             if now - self._last_drop_log >= DROP_LOG_INTERVAL:

@@ -16,6 +16,16 @@ Every pending request has its own slot, keyed by the ``input_request``'s
 two ``input()`` calls at once (a cell and a thread) each get their own
 answer.
 
+The client's stdin socket is a connection of its own, and it may join
+after the request that calls ``input()`` arrived on shell (a client started
+with its kernel connects each socket on its own, retrying every 100 ms):
+the ROUTER then cannot route the ``input_request`` yet (EHOSTUNREACH). The
+bridge tries again, every ``RETRY_MIN_DELAY`` doubling to
+``RETRY_MAX_DELAY``, for up to ``ROUTE_TIMEOUT``; a request still not
+delivered then makes ``input()`` raise IPython's
+``StdinNotImplementedError`` (what it raises when the request said
+``allow_stdin: false``), never wait for ever for an answer that cannot come.
+
 With ``--strict`` an ``input_reply`` that departs from the spec (no
 ``value``, say) arrives as a ``strict.Refused``: it answers nothing (the
 ``input()`` keeps waiting) and the kernel publishes an IOPub ``error``
@@ -30,6 +40,7 @@ import threading
 from typing import TYPE_CHECKING
 
 import trio
+from IPython.core.error import StdinNotImplementedError
 
 from .badinput import short
 from .strict import Refused, refusal
@@ -45,14 +56,21 @@ log = logging.getLogger("trikernel.stdin")
 
 #: Seconds between checks for an interrupt while user code waits for input.
 POLL_INTERVAL = 0.2
+#: Seconds an undeliverable ``input_request`` is retried (its client's stdin
+#: socket not connected yet, or past its high-water mark) before input() fails.
+ROUTE_TIMEOUT = 5.0
+#: Backoff bounds (seconds) between two delivery attempts.
+RETRY_MIN_DELAY = 0.005
+RETRY_MAX_DELAY = 0.1
 
 
 class _Slot:
-    __slots__ = ("event", "value")
+    __slots__ = ("error", "event", "value")
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.value = ""
+        self.error: BaseException | None = None
 
 
 class StdinBridge:
@@ -79,6 +97,7 @@ class StdinBridge:
         self._iopub = iopub
         self._sock: TrioSocket | None = None
         self._io_token: trio.lowlevel.TrioToken | None = None
+        self._nursery: trio.Nursery | None = None  # retries of undelivered requests (serve's)
         self._pending: dict[str, _Slot] = {}  # input_request msg_id -> slot; touched in the io run only
 
     # -- user threads ----------------------------------------------------------
@@ -88,8 +107,10 @@ class StdinBridge:
         Call from any thread but the io thread. Ctrl-C (KeyboardInterrupt on
         the main thread) abandons the request. Returns the reply's
         ``value``; raises EOFError when it is ``"\\x04"`` (Ctrl-D in
-        jupyter console). If the kernel shuts down meanwhile, the wait ends
-        with the process (an interrupt at shutdown ends it first).
+        jupyter console), StdinNotImplementedError when the request could
+        not be delivered within ``ROUTE_TIMEOUT`` (module docstring). If the
+        kernel shuts down meanwhile, the wait ends with the process (an
+        interrupt at shutdown ends it first).
         """
         token = self._io_token
         if token is None:
@@ -106,30 +127,67 @@ class StdinBridge:
             with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(self._pending.pop, msg.msg_id, None)
             raise
+        if slot.error is not None:
+            raise slot.error
         if slot.value == "\x04":
             raise EOFError("end of input")
         return slot.value
 
     # -- io run ----------------------------------------------------------------
     def _send_request(self, msg: Message, slot: _Slot) -> None:
-        assert self._sock is not None
+        assert self._nursery is not None
         self._pending[msg.msg_id] = slot
         frames = serialize(msg, self._parse.signer)
-        delivered = self._sock.send_nowait(frames)
+        if self._try_send(frames):
+            self._record(frames, delivered=True)
+        else:
+            self._nursery.start_soon(self._deliver, msg.msg_id, frames, slot)
+
+    def _try_send(self, frames: list[bytes]) -> bool:
+        assert self._sock is not None
+        return self._sock.send_nowait(frames, quiet=True)
+
+    def _record(self, frames: list[bytes], *, delivered: bool) -> None:
         if self._parse.message_log is not None:
             self._parse.message_log.record("out", "stdin", frames, None if delivered else {"undelivered": True})
 
+    async def _deliver(self, msg_id: str, frames: list[bytes], slot: _Slot) -> None:
+        """Retry an input_request the ROUTER could not route (module docstring)."""
+        deadline = trio.current_time() + ROUTE_TIMEOUT
+        delay = RETRY_MIN_DELAY
+        while self._pending.get(msg_id) is slot:  # not abandoned by an interrupt
+            if trio.current_time() >= deadline:
+                self._pending.pop(msg_id, None)
+                self._record(frames, delivered=False)
+                log.warning(
+                    "stdin: input_request not delivered in %.1fs: the client's stdin channel is not connected",
+                    ROUTE_TIMEOUT,
+                )
+                slot.error = StdinNotImplementedError(
+                    f"input was called, but the frontend's stdin channel did not connect within {ROUTE_TIMEOUT:g}s"
+                )
+                slot.event.set()
+                return
+            await trio.sleep(min(delay, max(0.0, deadline - trio.current_time())))
+            delay = min(delay * 2, RETRY_MAX_DELAY)
+            if self._try_send(frames):
+                self._record(frames, delivered=True)
+                return
+
     async def serve(self, sock: TrioSocket, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The stdin channel task (io run): reads ``input_reply`` messages and
-        wakes the thread waiting for each. Anything else is logged and dropped."""
-        self._sock = sock
-        self._io_token = trio.lowlevel.current_trio_token()
-        task_status.started()
-        while True:
-            refused = self._on_frames(await sock.recv_multipart())
-            if refused is not None and self._iopub is not None:
-                content = refusal(refused.msg_type, refused.violations)
-                await self._iopub.send(self._builder.iopub("error", content, refused.header))
+        wakes the thread waiting for each, and retries undelivered requests.
+        Anything else is logged and dropped."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self._sock = sock
+            self._io_token = trio.lowlevel.current_trio_token()
+            task_status.started()
+            while True:
+                refused = self._on_frames(await sock.recv_multipart())
+                if refused is not None and self._iopub is not None:
+                    content = refusal(refused.msg_type, refused.violations)
+                    await self._iopub.send(self._builder.iopub("error", content, refused.header))
 
     def _on_frames(self, frames: list[bytes]) -> Refused | None:
         """An input_reply answers its pending input(); anything else is bad
