@@ -39,7 +39,8 @@ was answered (jupyter console does) then lost busy, output and idle, and
 waited for idle for ever (jupyter_client#593; 5 in 25 starts under load
 with ipykernel 7). So while the subscription frames say nobody is
 subscribed, the iopub task *holds* what it would send, up to ``hold_bytes``
-(oldest dropped past it, counted in ``hold_drops``), and sends it, in order,
+(oldest dropped past it, or a single message larger than it alone,
+counted in ``hold_drops``), and sends it, in order,
 right after the welcome of the next subscriber.
 """
 
@@ -455,7 +456,8 @@ class IOPubTask:
     after it left (``--message-log``), or None: one test per message.
     ``hold_bytes``: what is held while no one is subscribed (module
     docstring; the kernel passes ``--iopub-hold-bytes``, 8 MiB by default);
-    0 holds nothing (a message sent then is lost, as with a plain PUB socket).
+    0 holds nothing: every message is sent, as by a plain PUB socket (lost
+    by libzmq when nobody is subscribed).
     """
 
     def __init__(
@@ -533,7 +535,7 @@ class IOPubTask:
                             log.debug("sending %s", item.name if isinstance(item, StreamBatch) else item[0])
                         try:
                             frames = await self._stream_frames(item) if isinstance(item, StreamBatch) else item[1]
-                            if self._held or not self._topics or self._flushing.locked():
+                            if self.hold_bytes and (self._held or not self._topics or self._flushing.locked()):
                                 self._hold(frames)
                                 await self._flush_held()
                             else:
@@ -559,11 +561,23 @@ class IOPubTask:
             log.debug("iopub: %d held message(s) never had a subscriber", len(self._held))
 
     def _hold(self, frames: list[bytes]) -> None:
-        """Keep ``frames`` for the next subscriber; drop the oldest past ``hold_bytes``."""
+        """Keep ``frames`` for the next subscriber; drop the oldest past ``hold_bytes``.
+        A message larger than ``hold_bytes`` by itself is dropped alone: it
+        would not fit even with all older ones dropped for it."""
         size = sum(map(len, frames))
+        self.stats.held += 1
+        if size > self.hold_bytes:
+            self.stats.hold_drops += 1
+            self._warn_hold(
+                "iopub: no subscriber, and a message of %d bytes is larger than the %d bytes held for the "
+                "next one; it is dropped (hold_drops=%d)",
+                size,
+                self.hold_bytes,
+                self.stats.hold_drops,
+            )
+            return
         self._held.append(frames)
         self._held_bytes += size
-        self.stats.held += 1
         while self._held_bytes > self.hold_bytes and self._held:
             self._held_bytes -= sum(map(len, self._held.popleft()))
             self.stats.hold_drops += 1
