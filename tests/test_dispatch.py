@@ -447,3 +447,49 @@ def test_shutdown_reply_then_shutdown(rig: Rig) -> None:
     reply = rig.client.reply("control", msg_id)
     assert reply["content"] == {"status": "ok", "restart": False}
     assert states(rig.client.iopub_of(msg_id)) == ["busy", "idle"]
+
+
+def test_an_abandoned_input_request_is_not_delivered_late() -> None:
+    """Regression (review): an input_request the ROUTER could not route is
+    retried (stdinbridge.ROUTE_TIMEOUT). If Ctrl-C abandons the input() while
+    a retry sleeps, and the client's stdin socket joins meanwhile, the retry
+    must not deliver the request anyway: the client would show a prompt for
+    a cell that was interrupted, and its answer would go to no one."""
+    from types import SimpleNamespace
+
+    from trikernel.stdinbridge import RETRY_MAX_DELAY, _Slot
+
+    class Sock:
+        def __init__(self) -> None:
+            self.routable = False
+            self.sent: list[list[bytes]] = []
+
+        def send_nowait(self, frames: list[bytes], *, quiet: bool = False) -> bool:
+            if self.routable:
+                self.sent.append(frames)
+            return self.routable
+
+        async def recv_multipart(self) -> list[bytes]:
+            await trio.sleep_forever()
+            raise AssertionError
+
+    builder = MessageBuilder()
+    bridge = StdinBridge(builder, SimpleNamespace(signer=Signer(KEY), message_log=None))  # type: ignore[arg-type]
+    sock = Sock()
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            await n.start(bridge.serve, sock)
+            parent = builder.msg("execute_request", {}, None, identities=(b"client",))
+            content = {"prompt": "", "password": False}
+            msg = builder.msg("input_request", content, parent.header, identities=(b"client",))
+            bridge._send_request(msg, _Slot())
+            assert not sock.sent  # not routable: a retry task sleeps
+            await trio.sleep(0.001)  # the retry task runs and sleeps (its only checkpoint)
+            bridge._pending.pop(msg.msg_id)  # what request_input does on KeyboardInterrupt
+            sock.routable = True  # the stdin socket joins
+            await trio.sleep(RETRY_MAX_DELAY * 3)
+            assert sock.sent == []
+            n.cancel_scope.cancel()
+
+    trio.run(main)

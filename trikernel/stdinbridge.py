@@ -170,6 +170,8 @@ class StdinBridge:
                 return
             await trio.sleep(min(delay, max(0.0, deadline - trio.current_time())))
             delay = min(delay * 2, RETRY_MAX_DELAY)
+            if self._pending.get(msg_id) is not slot:
+                return  # abandoned (Ctrl-C) while we slept: a late prompt would answer no one
             if self._try_send(frames):
                 self._record(frames, delivered=True)
                 return
