@@ -19,6 +19,8 @@ one is subscribed is held (bounded) for the next subscriber.
 from __future__ import annotations
 
 import logging
+import socket
+import struct
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -737,5 +739,45 @@ def test_a_message_larger_than_the_hold_is_dropped_alone(rig_factory: Any) -> No
             await r.read_until(count_is(4), 5)
             await r.read_for(0.05)
             assert [m.content["data"]["text/plain"] for m in r.non_welcome()] == ["0", "1", "2", "3"]
+
+    trio.run(main)
+
+
+def _raw_sub(url: str, frames: list[bytes]) -> socket.socket:
+    """A ZMTP 3.0 SUB peer written by hand (RFC 23/ZMTP, NULL mechanism) that
+    sends ``frames`` as messages: libzmq's own SUB and XSUB never send an
+    unsubscription for a topic they have not subscribed to, other peers may."""
+    host, port = url.removeprefix("tcp://").rsplit(":", 1)
+    t = socket.create_connection((host, int(port)), timeout=5)
+    t.sendall(b"\xff" + b"\0" * 8 + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\0") + b"\x00" + b"\0" * 31)
+    t.recv(64)
+    body = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 3) + b"SUB"
+    t.sendall(b"\x04" + bytes([len(body)]) + body)
+    for f in frames:
+        t.sendall(b"\x00" + bytes([len(f)]) + f)
+    return t
+
+
+@pytest.mark.xfail(strict=True, reason="review3: a stray unsubscription makes the task hold for a live subscriber")
+def test_a_stray_unsubscription_does_not_silence_a_live_subscriber(rig_factory: Any) -> None:
+    """Found in review: libzmq reports an unsubscription for a topic the
+    sending peer never subscribed to (mtrie rm -> not_found notifies), even
+    while another peer is subscribed to it. Any peer that can connect to the
+    IOPub port (no auth on subscriptions) then makes ``_topics`` empty: the
+    task holds everything, and the live subscriber gets nothing until some
+    new subscription arrives."""
+    rig = rig_factory(hold_bytes=1 << 20)
+
+    async def main() -> None:
+        async with running(rig):
+            r = Reader(rig.subscriber())
+            await r.read_until(lambda m: len(m) >= 1, 5)  # its welcome
+            stray = _raw_sub(rig.url, [b"\x00"])  # unsubscribes from b"" without a subscription
+            try:
+                await trio.sleep(0.3)
+                await rig.queue.send(rig.display(1))
+                await r.read_until(count_is(1), 3)
+            finally:
+                stray.close()
 
     trio.run(main)
