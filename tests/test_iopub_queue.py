@@ -781,3 +781,31 @@ def test_a_stray_unsubscription_does_not_silence_a_live_subscriber(rig_factory: 
                 stray.close()
 
     trio.run(main)
+
+
+@pytest.mark.parametrize("how", ["two sockets", "one socket subscribed twice"])
+def test_after_every_subscription_left_the_next_one_gets_what_came_between(rig_factory: Any, how: str) -> None:
+    """XPUB_VERBOSE reports every subscription but only the last
+    unsubscription of a topic: two subscribers to b"" (jupyter_server's
+    activity watcher and a websocket's SUB), or one SUB that subscribed twice,
+    leave with one unsubscription, and the hold for the next one starts."""
+    rig = rig_factory(hold_bytes=1 << 20)
+
+    async def main() -> None:
+        async with running(rig):
+            subs = [rig.subscriber(), rig.subscriber()] if how == "two sockets" else [rig.subscriber()]
+            if how != "two sockets":
+                subs[0].setsockopt(zmq.SUBSCRIBE, b"")
+            r = Reader(subs[0])
+            await r.read_until(lambda m: len(r.welcomes()) == 2, 5)  # two subscriptions, two welcomes
+            for s in subs:
+                s.close(linger=0)
+                rig.subs.remove(s)
+            await _until(lambda: not rig.publisher.subscribed)
+            await rig.queue.send(rig.display(2))
+            await _until(lambda: rig.stats.held == 1)
+            r3 = Reader(rig.subscriber())
+            await r3.read_until(count_is(1), 5)
+            assert [m.content["data"]["text/plain"] for m in r3.non_welcome()] == ["2"]
+
+    trio.run(main)
