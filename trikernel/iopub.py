@@ -30,18 +30,21 @@ mode: further EAGAINs fall back at once, until a NODROP send succeeds again
 (the stuck subscriber drained or left). Every new subscriber gets an
 ``iopub_welcome`` (XPUB_VERBOSE on, JEP 65).
 
-No subscriber: a PUB socket drops what it sends while nobody is subscribed,
+Before the first subscriber: a PUB socket drops what it sends while nobody is subscribed,
 and a client's SUB socket joins some time after the client connected its
 other channels (libzmq connects in the background, and a connect made
 before the kernel bound its port is retried only every ``ZMQ_RECONNECT_IVL``,
 100 ms). A client that sends ``execute_request`` as soon as ``kernel_info``
 was answered (jupyter console does) then lost busy, output and idle, and
 waited for idle for ever (jupyter_client#593; 5 in 25 starts under load
-with ipykernel 7). So while the subscription frames say nobody is
-subscribed, the iopub task *holds* what it would send, up to ``hold_bytes``
-(oldest dropped past it, or a single message larger than it alone,
-counted in ``hold_drops``), and sends it, in order,
-right after the welcome of the next subscriber.
+with ipykernel 7). So until it has read the first subscription, the iopub
+task *holds* what it would send, up to ``hold_bytes`` (oldest dropped past
+it, or a single message larger than it alone, counted in ``hold_drops``),
+and sends it, in order, right after that subscriber's welcome. From then
+on it sends as a PUB socket does: unsubscription frames cannot say that
+nobody is left, since libzmq also passes on one from a peer that never
+subscribed (xpub.cpp: an mtrie ``not_found`` notifies), so any peer could
+make the kernel hold a live client's output (docs/iopub.md).
 """
 
 from __future__ import annotations
@@ -111,8 +114,8 @@ class IOPubStats:
       reads again. The messages it misses are not counted (libzmq does not
       report them); this counts the cut-offs.
     - ``welcomes``: ``iopub_welcome`` messages sent.
-    - ``held``: messages held while no one was subscribed; each is sent to
-      the next subscriber after its welcome, or counted in ``hold_drops``.
+    - ``held``: messages held before the first subscription; each is sent
+      to the first subscriber after its welcome, or counted in ``hold_drops``.
     - ``hold_drops``: held messages dropped, oldest first, past
       ``hold_bytes``, or still held at shutdown (nobody ever subscribed).
     - ``stream_messages`` / ``stream_writes``: coalescing ratio.
@@ -454,7 +457,7 @@ class IOPubTask:
     messages, ``iopub_welcome``. Exits: after the close marker (queue
     drained) or on cancellation. ``message_log``: records each message
     after it left (``--message-log``), or None: one test per message.
-    ``hold_bytes``: what is held while no one is subscribed (module
+    ``hold_bytes``: what is held before the first subscriber (module
     docstring; the kernel passes ``--iopub-hold-bytes``, 8 MiB by default);
     0 holds nothing: every message is sent, as by a plain PUB socket (lost
     by libzmq when nobody is subscribed).
@@ -494,10 +497,8 @@ class IOPubTask:
         self.bad_input = bad_input if bad_input is not None else BadInputLog()
         self.max_topic_bytes = max_topic_bytes
         self.message_log = message_log
-        #: topics with at least one subscriber, from the subscription frames
-        #: (libzmq reports an unsubscription when a topic's last subscriber
-        #: leaves: XPUB_VERBOSER off)
-        self._topics: set[bytes] = set()
+        #: a subscription frame has been read: libzmq applied it, so the hold ends
+        self._subscribed_once = False
         self.hold_bytes = hold_bytes
         self._held: deque[list[bytes]] = deque()
         self._held_bytes = 0
@@ -506,11 +507,11 @@ class IOPubTask:
         self._warn_hold = _RateLimitedWarning()
 
     @property
-    def subscribed(self) -> bool:
-        """Whether any topic has a subscriber, as the subscription frames read
-        so far say (io run; a subscriber that has connected but whose frame
-        is not read yet does not count)."""
-        return bool(self._topics)
+    def holding(self) -> bool:
+        """Whether messages are held now: no subscription frame read yet since
+        the task started (io run; a subscriber that has connected but whose
+        frame is not read yet does not count), or held ones still being sent."""
+        return bool(self.hold_bytes) and (not self._subscribed_once or bool(self._held))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.queue.attach()
@@ -535,7 +536,7 @@ class IOPubTask:
                             log.debug("sending %s", item.name if isinstance(item, StreamBatch) else item[0])
                         try:
                             frames = await self._stream_frames(item) if isinstance(item, StreamBatch) else item[1]
-                            if self.hold_bytes and (self._held or not self._topics or self._flushing.locked()):
+                            if self.hold_bytes and (self._held or not self._subscribed_once or self._flushing.locked()):
                                 self._hold(frames)
                                 await self._flush_held()
                             else:
@@ -589,11 +590,11 @@ class IOPubTask:
             )
 
     async def _flush_held(self) -> None:
-        """Send the held messages, oldest first, while someone is subscribed.
+        """Send the held messages, oldest first, once someone has subscribed.
         Called by the run loop and by the welcomer (after a welcome); the lock
         keeps the order when both do."""
         async with self._flushing:
-            while self._held and self._topics:
+            while self._held and self._subscribed_once:
                 frames = self._held[0]
                 try:
                     await self._send(frames)
@@ -634,7 +635,7 @@ class IOPubTask:
         (zmq_getsockopt(3), ZMQ_FD): look, and wake the welcomer if so."""
         if int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self._read_subscriptions()
-            if (self._welcomes or (self._held and self._topics)) and self._sub_waiter is not None:
+            if (self._welcomes or (self._held and self._subscribed_once)) and self._sub_waiter is not None:
                 self._sub_waiter.cancel()
 
     async def _send_waiting(self, frames: list[bytes]) -> None:
@@ -707,7 +708,7 @@ class IOPubTask:
         while True:
             self._read_subscriptions()
             await self._send_welcomes()
-            if self._held and self._topics:
+            if self._held and self._subscribed_once:
                 await self._flush_held()
                 continue  # subscriptions may have come meanwhile
             with trio.CancelScope() as scope:
@@ -738,11 +739,9 @@ class IOPubTask:
             if sub[:1] != b"\x01":
                 if sub[:1] != b"\x00" or len(frames) != 1:  # b"\x00...": an unsubscription
                     self.bad_input.record("iopub", "not_a_subscription", f"{len(frames)} frame(s), not a subscription")
-                else:
-                    self._topics.discard(sub[1:])  # the topic's last subscriber left
-                continue
+                continue  # an unsubscription: says nothing about who is left (module docstring)
             if len(frames) == 1:
-                self._topics.add(sub[1:])  # libzmq applied it, long or not
+                self._subscribed_once = True  # libzmq applied it, long or not
             if len(frames) != 1 or len(sub) - 1 > self.max_topic_bytes:
                 self.bad_input.record(
                     "iopub",
