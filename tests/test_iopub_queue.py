@@ -86,6 +86,8 @@ class Rig:
         for s in self.subs:
             s.close(linger=0)
         self.xpub.close(linger=0)
+        if self.publisher._monitor is not None:
+            self.publisher._monitor.close(linger=0)
         self.ctx.term()
 
 
@@ -98,6 +100,7 @@ def make_rig(
     warn_after: float = 1.0,
     sndbuf: int | None = None,
     hold_bytes: int = 0,
+    monitor: bool = False,
 ) -> Rig:
     ctx = zmq.Context()
     x = ctx.socket(zmq.XPUB)
@@ -108,12 +111,14 @@ def make_rig(
     x.linger = 0
     if sndbuf is not None:  # small OS buffer: a non-reading subscriber fills up after few messages
         x.sndbuf = sndbuf
+    # the kernel's monitor, attached before bind as sockets.create_and_bind does
+    mon = x.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED) if monitor else None
     port = x.bind_to_random_port("tcp://127.0.0.1")
     stats = IOPubStats()
     signer = Signer(KEY)
     q = IOPubQueue(capacity, stream_batch_chars, stats, signer)
     session = Session()
-    pub = IOPubTask(x, q, session, send_timeout=send_timeout, warn_after=warn_after, hold_bytes=hold_bytes)
+    pub = IOPubTask(x, q, session, send_timeout=send_timeout, warn_after=warn_after, hold_bytes=hold_bytes, monitor=mon)
     return Rig(ctx, x, f"tcp://127.0.0.1:{port}", q, pub, session, signer, stats)
 
 
@@ -678,11 +683,11 @@ def test_the_hold_is_bounded_and_drops_oldest_first(rig_factory: Any) -> None:
     trio.run(main)
 
 
-def test_after_the_first_subscriber_nothing_is_held(rig_factory: Any) -> None:
-    """The hold ends with the first subscription: an unsubscription cannot say
-    that nobody is left (see the stray-unsubscription test), so from then on
-    the task sends as a PUB socket does, and what is sent while nobody is
-    subscribed is lost (docs/iopub.md, "Before the first subscriber")."""
+def test_without_a_monitor_only_the_first_subscriber_is_held_for(rig_factory: Any) -> None:
+    """The hold ends with the first subscription, and an unsubscription cannot
+    say that nobody is left (see the stray-unsubscription test): without the
+    XPUB's monitor the task then sends as a PUB socket does, and what is sent
+    while nobody is subscribed is lost."""
     rig = rig_factory(hold_bytes=1 << 20)
 
     async def main() -> None:
@@ -781,6 +786,69 @@ def test_a_stray_unsubscription_does_not_silence_a_live_subscriber(rig_factory: 
             stray = _raw_sub(rig.url, [b"\x00"])  # unsubscribes from b"" without a subscription
             try:
                 await trio.sleep(0.3)
+                await rig.queue.send(rig.display(1))
+                await r.read_until(count_is(1), 3)
+            finally:
+                stray.close()
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("how", ["one subscriber", "two subscribers", "one socket subscribed twice"])
+def test_with_no_connection_left_the_next_subscriber_gets_what_came_between(rig_factory: Any, how: str) -> None:
+    """With the monitor (as in the kernel): when the last connection is gone
+    the hold starts again, so a client that subscribes later (jupyter console
+    --existing on a kernel nobody watches) gets what came in between; two
+    subscribers (jupyter_server's activity watcher and a websocket's SUB) or
+    one that subscribed twice leave with one unsubscription, and only the
+    connection count says when nobody is left."""
+    rig = rig_factory(hold_bytes=1 << 20, monitor=True)
+
+    async def main() -> None:
+        async with running(rig):
+            subs = [rig.subscriber()] + ([rig.subscriber()] if how == "two subscribers" else [])
+            if how == "one socket subscribed twice":
+                subs[0].setsockopt(zmq.SUBSCRIBE, b"")
+            r = Reader(subs[0])
+            subscriptions = 1 if how == "one subscriber" else 2
+            await r.read_until(lambda m: len(r.welcomes()) == subscriptions, 5)  # one welcome per subscription
+            await _until(lambda: not rig.publisher.holding and rig.publisher.connections == len(subs))
+            await rig.queue.send(rig.display(1))
+            await r.read_until(count_is(1), 5)
+            subs[0].close(linger=0)
+            rig.subs.remove(subs[0])
+            if len(subs) == 2:  # one connection is left: nothing is held
+                await _until(lambda: rig.publisher.connections == 1)
+                assert not rig.publisher.holding
+                subs[1].close(linger=0)
+                rig.subs.remove(subs[1])
+            await _until(lambda: rig.publisher.holding)  # no connection left
+            await rig.queue.send(rig.display(2))
+            await _until(lambda: rig.stats.held == 1)
+            r3 = Reader(rig.subscriber())
+            await r3.read_until(count_is(1), 5)
+            assert r3.msgs[0].msg_type == "iopub_welcome"
+            assert [m.content["data"]["text/plain"] for m in r3.non_welcome()] == ["2"]
+            await _until(lambda: not rig.publisher.holding)
+
+    trio.run(main)
+
+
+def test_with_the_monitor_a_stray_unsubscription_does_not_start_the_hold(rig_factory: Any) -> None:
+    """The stray unsubscription again, with the monitor: the live
+    subscriber's connection is counted, so nothing is held for it."""
+    rig = rig_factory(hold_bytes=1 << 20, monitor=True)
+
+    async def main() -> None:
+        async with running(rig):
+            r = Reader(rig.subscriber())
+            await r.read_until(lambda m: len(m) >= 1, 5)
+            stray = _raw_sub(rig.url, [b"\x00"])
+            try:
+                await _until(lambda: rig.publisher.connections == 2)
+                stray.close()
+                await _until(lambda: rig.publisher.connections == 1)  # the stray peer left
+                assert not rig.publisher.holding
                 await rig.queue.send(rig.display(1))
                 await r.read_until(count_is(1), 3)
             finally:

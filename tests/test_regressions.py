@@ -303,3 +303,41 @@ def test_an_input_request_nobody_can_receive_fails_the_input_call(jupyter_path):
         assert r["content"]["status"] == "ok"
     finally:
         stop_kernel(km, kc)
+
+
+def test_a_client_that_subscribes_after_every_other_left_gets_what_came_between(jupyter_path):
+    """The same race for a client that connects later (``jupyter console
+    --existing`` on a kernel nobody else watches): once its only client's SUB
+    socket has gone (the kernel counts the XPUB's connections with a socket
+    monitor), the kernel holds IOPub again, and the next subscriber gets it."""
+    km, kc = start_kernel("trikernel-test-signal")
+    kc2 = None
+    try:
+        kc.iopub_channel.close()  # the only subscriber leaves; shell stays
+        holding = "get_ipython().run_line_magic('trikernel', '--return')['iopub_holding']"
+        deadline = time.monotonic() + TIMEOUT
+        while True:  # asked on shell: IOPub has no subscriber to tell
+            msg_id = kc.execute("", user_expressions={"h": holding})
+            reply = kc.get_shell_msg(timeout=TIMEOUT)
+            assert reply["parent_header"]["msg_id"] == msg_id
+            if reply["content"]["user_expressions"]["h"]["data"]["text/plain"] == "True":
+                break
+            assert time.monotonic() < deadline, "the kernel never saw the subscriber leave"
+            time.sleep(0.05)
+        msg_id = kc.execute("print(6 * 7)")
+        reply = kc.get_shell_msg(timeout=TIMEOUT)
+        assert (reply["parent_header"]["msg_id"], reply["content"]["status"]) == (msg_id, "ok")
+        kc2 = km.client()
+        kc2.start_channels()  # a new client subscribes only now
+        got = []
+        while not (got and got[-1]["parent_header"].get("msg_id") == msg_id and got[-1]["msg_type"] == "status"
+                   and got[-1]["content"]["execution_state"] == "idle"):  # fmt: skip
+            got.append(kc2.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic())))
+        assert got[0]["msg_type"] == "iopub_welcome"
+        mine = [m for m in got if m["parent_header"].get("msg_id") == msg_id]
+        assert [m["msg_type"] for m in mine] == ["status", "execute_input", "stream", "status"]
+        assert mine[2]["content"]["text"] == "42\n"
+    finally:
+        if kc2 is not None:
+            kc2.stop_channels()
+        stop_kernel(km, kc)

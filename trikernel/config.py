@@ -284,8 +284,8 @@ class KernelConfig:
     )
     iopub_hold_bytes: int = knob(
         8 << 20,
-        "IOPub messages held until the first subscriber, sent to it after its welcome; "
-        "past it the oldest are dropped (0: none held)",
+        "IOPub messages held while no one has subscribed yet or no connection is left, sent to the next "
+        "subscriber after its welcome; past it the oldest are dropped (0: none held)",
         unit="bytes",
         minimum=0,
     )

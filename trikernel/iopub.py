@@ -30,7 +30,7 @@ mode: further EAGAINs fall back at once, until a NODROP send succeeds again
 (the stuck subscriber drained or left). Every new subscriber gets an
 ``iopub_welcome`` (XPUB_VERBOSE on, JEP 65).
 
-Before the first subscriber: a PUB socket drops what it sends while nobody is subscribed,
+No subscriber: a PUB socket drops what it sends while nobody is subscribed,
 and a client's SUB socket joins some time after the client connected its
 other channels (libzmq connects in the background, and a connect made
 before the kernel bound its port is retried only every ``ZMQ_RECONNECT_IVL``,
@@ -40,11 +40,16 @@ waited for idle for ever (jupyter_client#593; 5 in 25 starts under load
 with ipykernel 7). So until it has read the first subscription, the iopub
 task *holds* what it would send, up to ``hold_bytes`` (oldest dropped past
 it, or a single message larger than it alone, counted in ``hold_drops``),
-and sends it, in order, right after that subscriber's welcome. From then
-on it sends as a PUB socket does: unsubscription frames cannot say that
-nobody is left, since libzmq also passes on one from a peer that never
-subscribed (xpub.cpp: an mtrie ``not_found`` notifies), so any peer could
-make the kernel hold a live client's output (docs/iopub.md).
+and sends it, in order, right after that subscriber's welcome. The hold
+starts again when no connection is left: unsubscription frames cannot say
+that, since libzmq also passes on one from a peer that never subscribed
+(xpub.cpp: an mtrie ``not_found`` notifies), so any peer could make the
+kernel hold a live client's output. The task counts the XPUB's connections
+from its socket monitor instead (``EVENT_ACCEPTED`` - ``EVENT_DISCONNECTED``)
+and starts holding when, with every pending event read, the count is 0. A
+connection's ACCEPTED is emitted before its handshake, so before its
+subscription can be read: a subscription already read always has its
+connection counted by then (docs/iopub.md).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from .badinput import BadInputLog
 from .wire import Message, Signer, serialize
@@ -114,8 +120,8 @@ class IOPubStats:
       reads again. The messages it misses are not counted (libzmq does not
       report them); this counts the cut-offs.
     - ``welcomes``: ``iopub_welcome`` messages sent.
-    - ``held``: messages held before the first subscription; each is sent
-      to the first subscriber after its welcome, or counted in ``hold_drops``.
+    - ``held``: messages held while no one listened; each is sent to the
+      next subscriber after its welcome, or counted in ``hold_drops``.
     - ``hold_drops``: held messages dropped, oldest first, past
       ``hold_bytes``, or still held at shutdown (nobody ever subscribed).
     - ``stream_messages`` / ``stream_writes``: coalescing ratio.
@@ -457,10 +463,13 @@ class IOPubTask:
     messages, ``iopub_welcome``. Exits: after the close marker (queue
     drained) or on cancellation. ``message_log``: records each message
     after it left (``--message-log``), or None: one test per message.
-    ``hold_bytes``: what is held before the first subscriber (module
+    ``hold_bytes``: what is held while no one listens (module
     docstring; the kernel passes ``--iopub-hold-bytes``, 8 MiB by default);
     0 holds nothing: every message is sent, as by a plain PUB socket (lost
-    by libzmq when nobody is subscribed).
+    by libzmq when nobody is subscribed). ``monitor``: the XPUB's monitor
+    socket (sockets.BoundSockets.iopub_monitor), whose connection events
+    start the hold again when the last connection is gone; None: the hold
+    is for the first subscriber only.
     """
 
     def __init__(
@@ -476,6 +485,7 @@ class IOPubTask:
         max_topic_bytes: int = 1024,
         message_log: MessageLog | None = None,
         hold_bytes: int = 0,
+        monitor: zmq.Socket[Any] | None = None,
     ):
         self.sock = sock
         self.queue = queue
@@ -497,8 +507,12 @@ class IOPubTask:
         self.bad_input = bad_input if bad_input is not None else BadInputLog()
         self.max_topic_bytes = max_topic_bytes
         self.message_log = message_log
-        #: a subscription frame has been read: libzmq applied it, so the hold ends
+        #: a subscription frame has been read since the hold (re)started:
+        #: libzmq applied it, so the hold ends
         self._subscribed_once = False
+        self._monitor = monitor
+        #: connections of the XPUB now, from the monitor's events
+        self.connections = 0
         self.hold_bytes = hold_bytes
         self._held: deque[list[bytes]] = deque()
         self._held_bytes = 0
@@ -508,9 +522,10 @@ class IOPubTask:
 
     @property
     def holding(self) -> bool:
-        """Whether messages are held now: no subscription frame read yet since
-        the task started (io run; a subscriber that has connected but whose
-        frame is not read yet does not count), or held ones still being sent."""
+        """Whether messages are held now: no subscription frame read since the
+        task started or since the last connection left (io run; a subscriber
+        whose frame is not read yet does not count), or held ones still being
+        sent. Read from any thread (a plain attribute read)."""
         return bool(self.hold_bytes) and (not self._subscribed_once or bool(self._held))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -520,6 +535,9 @@ class IOPubTask:
             self._read_subscriptions()
             await self._send_welcomes()
             nursery.start_soon(self._watch_subscriptions)
+            if self._monitor is not None and self.hold_bytes:
+                self._read_connection_events()
+                nursery.start_soon(self._watch_connections)
             task_status.started()
             closing = False
             mlog = self.message_log
@@ -717,6 +735,32 @@ class IOPubTask:
                     await trio.lowlevel.wait_readable(fd)
                 finally:
                     self._sub_waiter = None
+
+    async def _watch_connections(self) -> None:
+        """Count the XPUB's connections; the only reader of the monitor socket."""
+        assert self._monitor is not None
+        fd = int(self._monitor.getsockopt(zmq.FD))
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            self._read_connection_events()
+
+    def _read_connection_events(self) -> None:
+        """Read every pending monitor event; with none left, no connection and
+        a subscription read before, the hold starts again (module docstring)."""
+        assert self._monitor is not None
+        while True:
+            try:
+                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            event = parse_monitor_message(frames)["event"]
+            if event == zmq.EVENT_ACCEPTED:
+                self.connections += 1
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.connections = max(0, self.connections - 1)
+        if self.connections == 0 and self._subscribed_once:
+            self._subscribed_once = False
+            log.debug("iopub: no connection left; held for the next subscriber from now on")
 
     async def _send_welcomes(self) -> None:
         while self._welcomes:

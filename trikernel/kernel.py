@@ -103,6 +103,7 @@ class Kernel:
             max_topic_bytes=config.max_topic_bytes,
             message_log=message_log,
             hold_bytes=config.iopub_hold_bytes,
+            monitor=bound.iopub_monitor,
         )
         # debugpy is imported only when a client first turns the debugger on (debugger.py)
         self.debugger = Debugger(DebuggerDeps(builder, self.queue, self.user_run))
@@ -156,6 +157,8 @@ class Kernel:
         stats["iopub_capacity"] = self.queue.capacity
         stats["iopub_queued"] = len(self.queue)
         stats["degraded"] = self.iopub.degraded
+        stats["iopub_holding"] = self.iopub.holding
+        stats["iopub_connections"] = self.iopub.connections
         bad = self.bad_input.statistics()
         stats["malformed_dropped"] = bad.dropped
         stats["malformed_by_kind"] = bad.by_kind

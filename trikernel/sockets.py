@@ -7,7 +7,7 @@ the values in force then — and binds given or random ports.
 
 Owners after creation: shell/control → their tasks in dispatch.py, stdin →
 stdinbridge.py,
-iopub → iopub.py's task, hb → heartbeat.py's thread. Sockets are created on
+iopub and its monitor socket → iopub.py's task, hb → heartbeat.py's thread. Sockets are created on
 the main thread before the io thread starts (the thread start is the memory
 barrier ZeroMQ asks for when a socket changes threads).
 """
@@ -44,12 +44,19 @@ Configure = Callable[[zmq.Socket[bytes], str], None]
 
 @dataclass
 class BoundSockets:
-    """The five bound sockets and the ports they got."""
+    """The five bound sockets and the ports they got.
+
+    ``iopub_monitor``: a PAIR socket that receives the iopub XPUB's
+    ``EVENT_ACCEPTED`` and ``EVENT_DISCONNECTED`` (zmq_socket_monitor(3)),
+    attached before bind so that no connection is missed; owned by
+    iopub.py's task, which counts connections with it.
+    """
 
     context: zmq.Context[zmq.Socket[bytes]]
     hb_context: zmq.Context[zmq.Socket[bytes]]
     sockets: dict[str, zmq.Socket[bytes]]
     ports: dict[str, int]  # {"shell_port": n, ...}
+    iopub_monitor: zmq.Socket[bytes] | None = None
 
     def close(self, linger: int | None = None, *, hb: bool = False) -> None:
         """Close the sockets; hb only with ``hb=True`` (once its thread runs,
@@ -57,6 +64,8 @@ class BoundSockets:
         for name, s in self.sockets.items():
             if (hb or name != "hb") and not s.closed:
                 s.close(linger=linger)
+        if self.iopub_monitor is not None and not self.iopub_monitor.closed:
+            self.iopub_monitor.close(linger=0)  # after the XPUB: its events are not needed any more
 
     def destroy(self) -> None:
         """Close everything at once (start-up failed; no thread owns a socket yet)."""
@@ -91,6 +100,7 @@ def create_and_bind(
     hb_ctx = zmq.Context()  # heartbeat on its own context: its C loop never shares an io thread
     socks: dict[str, zmq.Socket[bytes]] = {}
     ports: dict[str, int] = {}
+    monitor: zmq.Socket[bytes] | None = None
     try:
         for channel in CHANNELS:
             c = hb_ctx if channel == "hb" else ctx
@@ -102,6 +112,8 @@ def create_and_bind(
                 # logs it) instead of vanishing silently at a full or gone peer
                 sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             _apply_curve(sock, conn)
+            if channel == "iopub":
+                monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
             port = conn.port(channel)
             try:
                 if port > 0:
@@ -121,11 +133,13 @@ def create_and_bind(
     except BaseException:
         for s in socks.values():
             s.close(linger=0)
+        if monitor is not None:
+            monitor.close(linger=0)
         ctx.term()
         hb_ctx.term()
         raise
     log.debug("bound %s", ports)
-    return BoundSockets(ctx, hb_ctx, socks, ports)
+    return BoundSockets(ctx, hb_ctx, socks, ports, monitor)
 
 
 def bind_in_range(sock: Any, what: str, url: Callable[[int], Any], port_range: tuple[int, int]) -> int:
