@@ -341,3 +341,40 @@ def test_a_client_that_subscribes_after_every_other_left_gets_what_came_between(
         if kc2 is not None:
             kc2.stop_channels()
         stop_kernel(km, kc)
+
+
+def test_with_no_hold_many_iopub_connections_do_not_stall_the_kernel(jupyter_path):
+    """``--iopub-hold-bytes 0`` used to leave the XPUB's socket monitor unread:
+    libzmq's monitor_event sends without ZMQ_DONTWAIT, so once about 2000
+    events (sndhwm + rcvhwm of the inproc pipe) were waiting, it blocked the
+    context's one I/O thread for good, and shell, control and IOPub stopped
+    (about 1000 connections that came and went: reconnecting clients, probes)."""
+    import socket
+
+    from conftest import make_kernelspec
+
+    make_kernelspec(jupyter_path, "trikernel-test-nohold", extra_argv=["--iopub-hold-bytes", "0"])
+    km, kc = start_kernel("trikernel-test-nohold")
+    try:
+        port = km.get_connection_info()["iopub_port"]
+        cycles = 0
+        while cycles < 1500:  # in batches: connect 100, then close them
+            batch = []
+            try:
+                for _ in range(100):
+                    s = socket.create_connection(("127.0.0.1", port), timeout=5)  # a stalled I/O thread stops accepting
+                    batch.append(s)
+            except OSError:
+                break
+            finally:
+                for s in batch:
+                    s.close()
+            cycles += len(batch)
+        msg_id = kc.kernel_info()
+        reply = kc.get_shell_msg(timeout=TIMEOUT)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert cycles == 1500
+        r, out = execute(kc, "print('still here')")
+        assert r["content"]["status"] == "ok" and stdout_of(out) == "still here\n"
+    finally:
+        stop_kernel(km, kc)

@@ -468,8 +468,10 @@ class IOPubTask:
     0 holds nothing: every message is sent, as by a plain PUB socket (lost
     by libzmq when nobody is subscribed). ``monitor``: the XPUB's monitor
     socket (sockets.BoundSockets.iopub_monitor), whose connection events
-    start the hold again when the last connection is gone; None: the hold
-    is for the first subscriber only.
+    start the hold again when the last connection is gone; read for as
+    long as the task runs, also with ``hold_bytes`` 0 (an unread monitor
+    stalls libzmq's I/O thread); None: the hold is for the first subscriber
+    only.
     """
 
     def __init__(
@@ -535,7 +537,7 @@ class IOPubTask:
             self._read_subscriptions()
             await self._send_welcomes()
             nursery.start_soon(self._watch_subscriptions)
-            if self._monitor is not None and self.hold_bytes:
+            if self._monitor is not None:  # read also with hold_bytes 0: an unread monitor stalls libzmq
                 self._read_connection_events()
                 nursery.start_soon(self._watch_connections)
             task_status.started()
@@ -737,7 +739,11 @@ class IOPubTask:
                     self._sub_waiter = None
 
     async def _watch_connections(self) -> None:
-        """Count the XPUB's connections; the only reader of the monitor socket."""
+        """Count the XPUB's connections; the only reader of the monitor socket.
+        Runs whenever there is a monitor, holding or not: libzmq's
+        monitor_event sends without ZMQ_DONTWAIT, so a monitor nobody reads
+        blocks the context's I/O thread once its pipe is full (about 2000
+        events), and with it every socket of the context."""
         assert self._monitor is not None
         fd = int(self._monitor.getsockopt(zmq.FD))
         while True:
