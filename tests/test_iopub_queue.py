@@ -18,6 +18,7 @@ one is subscribed is held (bounded) for the next subscriber.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import struct
@@ -853,5 +854,33 @@ def test_with_the_monitor_a_stray_unsubscription_does_not_start_the_hold(rig_fac
                 await r.read_until(count_is(1), 3)
             finally:
                 stray.close()
+
+    trio.run(main)
+
+
+def test_a_subscription_read_after_its_connection_left_does_not_end_the_hold(rig_factory: Any) -> None:
+    """A peer that subscribes and closes at once: libzmq still hands the XPUB
+    its subscription, and the io run may read it after the connection's
+    DISCONNECTED. It used to end the hold with no connection left (about 8
+    times in 20 here), and nothing restarted it until another connection came
+    and went: the next client lost what came in between."""
+    rig = rig_factory(hold_bytes=1 << 20, monitor=True)
+
+    async def main() -> None:
+        async with running(rig):
+            for i in range(20):
+                t = _raw_sub(rig.url, [b"\x01"])
+                t.settimeout(0.1)  # read what the kernel sent, so that the close is a FIN, not an RST
+                with contextlib.suppress(OSError):
+                    while t.recv(4096):
+                        pass
+                t.close()
+                await _until(lambda: rig.publisher.connections == 0 and rig.stats.welcomes == i + 1)  # noqa: B023
+                assert rig.publisher.holding, f"connection {i}"
+            await rig.queue.send(rig.display(1))
+            await _until(lambda: rig.stats.held == 1)
+            r = Reader(rig.subscriber())
+            await r.read_until(count_is(1), 5)
+            assert [m.content["data"]["text/plain"] for m in r.non_welcome()] == ["1"]
 
     trio.run(main)

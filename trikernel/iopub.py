@@ -49,7 +49,8 @@ from its socket monitor instead (``EVENT_ACCEPTED`` - ``EVENT_DISCONNECTED``)
 and starts holding when, with every pending event read, the count is 0. A
 connection's ACCEPTED is emitted before its handshake, so before its
 subscription can be read: a subscription already read always has its
-connection counted by then (docs/iopub.md).
+connection counted by then; one read while the count is 0 (every event
+read) is from a peer already gone and does not end the hold (docs/iopub.md).
 """
 
 from __future__ import annotations
@@ -768,6 +769,19 @@ class IOPubTask:
             self._subscribed_once = False
             log.debug("iopub: no connection left; held for the next subscriber from now on")
 
+    def _from_a_live_connection(self) -> bool:
+        """Whether a subscription frame just read can come from a connection
+        that is still there. libzmq hands the XPUB what a peer sent before it
+        left, and may do so after that connection's DISCONNECTED was read (a
+        peer that subscribes and closes at once): such a subscription must not
+        end the hold. Its ACCEPTED was emitted before it could be read, so with
+        every pending event read, a count of 0 says its connection is gone.
+        Without a monitor: True (the hold is for the first subscriber only)."""
+        if self._monitor is None:
+            return True
+        self._read_connection_events()
+        return self.connections > 0
+
     async def _send_welcomes(self) -> None:
         while self._welcomes:
             frames = self._welcomes.popleft()
@@ -790,7 +804,7 @@ class IOPubTask:
                 if sub[:1] != b"\x00" or len(frames) != 1:  # b"\x00...": an unsubscription
                     self.bad_input.record("iopub", "not_a_subscription", f"{len(frames)} frame(s), not a subscription")
                 continue  # an unsubscription: says nothing about who is left (module docstring)
-            if len(frames) == 1:
+            if len(frames) == 1 and self._from_a_live_connection():
                 self._subscribed_once = True  # libzmq applied it, long or not
             if len(frames) != 1 or len(sub) - 1 > self.max_topic_bytes:
                 self.bad_input.record(
