@@ -61,6 +61,10 @@ class BoundSockets:
     def close(self, linger: int | None = None, *, hb: bool = False) -> None:
         """Close the sockets; hb only with ``hb=True`` (once its thread runs,
         the thread closes it when hb_context terminates)."""
+        if self.iopub_monitor is not None and not self.sockets["iopub"].closed:
+            # libzmq's own end of the monitor first: a connection event sent to it
+            # once our end is closed blocks the I/O thread until context.term()
+            self.sockets["iopub"].disable_monitor()
         for name, s in self.sockets.items():
             if (hb or name != "hb") and not s.closed:
                 s.close(linger=linger)
