@@ -80,7 +80,7 @@ cells = [
     ),
     new_code_cell(
         "with trio.fail_after(5):\n"
-        "    await third_tick.wait()  # set by the background task\n"
+        "    await third_tick.wait()  # set by the background task at its third tick\n"
         "print('meanwhile the background ticker reached', ticks)"
     ),
     new_code_cell(

@@ -4,6 +4,7 @@ classically and through the JEP 66 provisioner."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import nbformat
@@ -43,10 +44,12 @@ def _check(nb: nbformat.NotebookNode) -> None:
         "caught: ZeroDivisionError",
         "awaited without any magic",
         "ROUND TRIP THROUGH TRIO",
-        "the background ticker reached 3",
-        "['b', 'c', 'a'] in 0.3s",
+        "['b', 'c', 'a'] in ",  # sorted by delay; the seconds it prints depend on the machine's load
     ):
         assert needle in joined, needle
+    # at least its third tick: the ticker may tick again (50 ms on) before the
+    # waiting cell prints, on a loaded machine
+    assert re.search(r"the background ticker reached [345]\b", joined), joined
 
 
 def test_tour_runs_with_jupyter_execute(tmp_path):
