@@ -510,9 +510,9 @@ class IOPubTask:
         self.bad_input = bad_input if bad_input is not None else BadInputLog()
         self.max_topic_bytes = max_topic_bytes
         self.message_log = message_log
-        #: a subscription frame has been read since the hold (re)started:
-        #: libzmq applied it, so the hold ends
-        self._subscribed_once = False
+        #: a subscription frame from a live connection has been read since the
+        #: hold (re)started: libzmq applied it, so the hold ends
+        self._listening = False
         self._monitor = monitor
         #: connections of the XPUB now, from the monitor's events
         self.connections = 0
@@ -529,7 +529,7 @@ class IOPubTask:
         task started or since the last connection left (io run; a subscriber
         whose frame is not read yet does not count), or held ones still being
         sent. Read from any thread (a plain attribute read)."""
-        return bool(self.hold_bytes) and (not self._subscribed_once or bool(self._held))
+        return bool(self.hold_bytes) and (not self._listening or bool(self._held))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.queue.attach()
@@ -557,7 +557,7 @@ class IOPubTask:
                             log.debug("sending %s", item.name if isinstance(item, StreamBatch) else item[0])
                         try:
                             frames = await self._stream_frames(item) if isinstance(item, StreamBatch) else item[1]
-                            if self.hold_bytes and (self._held or not self._subscribed_once or self._flushing.locked()):
+                            if self.hold_bytes and (self._held or not self._listening or self._flushing.locked()):
                                 self._hold(frames)
                                 await self._flush_held()
                             else:
@@ -615,7 +615,7 @@ class IOPubTask:
         Called by the run loop and by the welcomer (after a welcome); the lock
         keeps the order when both do."""
         async with self._flushing:
-            while self._held and self._subscribed_once:
+            while self._held and self._listening:
                 frames = self._held[0]
                 try:
                     await self._send(frames)
@@ -656,7 +656,7 @@ class IOPubTask:
         (zmq_getsockopt(3), ZMQ_FD): look, and wake the welcomer if so."""
         if int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self._read_subscriptions()
-            if (self._welcomes or (self._held and self._subscribed_once)) and self._sub_waiter is not None:
+            if (self._welcomes or (self._held and self._listening)) and self._sub_waiter is not None:
                 self._sub_waiter.cancel()
 
     async def _send_waiting(self, frames: list[bytes]) -> None:
@@ -729,7 +729,7 @@ class IOPubTask:
         while True:
             self._read_subscriptions()
             await self._send_welcomes()
-            if self._held and self._subscribed_once:
+            if self._held and self._listening:
                 await self._flush_held()
                 continue  # subscriptions may have come meanwhile
             with trio.CancelScope() as scope:
@@ -765,8 +765,8 @@ class IOPubTask:
                 self.connections += 1
             elif event == zmq.EVENT_DISCONNECTED:
                 self.connections = max(0, self.connections - 1)
-        if self.connections == 0 and self._subscribed_once:
-            self._subscribed_once = False
+        if self.connections == 0 and self._listening:
+            self._listening = False
             log.debug("iopub: no connection left; held for the next subscriber from now on")
 
     def _from_a_live_connection(self) -> bool:
@@ -805,7 +805,7 @@ class IOPubTask:
                     self.bad_input.record("iopub", "not_a_subscription", f"{len(frames)} frame(s), not a subscription")
                 continue  # an unsubscription: says nothing about who is left (module docstring)
             if len(frames) == 1 and self._from_a_live_connection():
-                self._subscribed_once = True  # libzmq applied it, long or not
+                self._listening = True  # libzmq applied it, long or not
             if len(frames) != 1 or len(sub) - 1 > self.max_topic_bytes:
                 self.bad_input.record(
                     "iopub",
