@@ -519,7 +519,7 @@ class IOPubTask:
         self.hold_bytes = hold_bytes
         self._held: deque[list[bytes]] = deque()
         self._held_bytes = 0
-        #: held while a flush sends: a newer message waits behind it, in order
+        #: one flush at a time (the run loop and the welcomer both flush)
         self._flushing = trio.Lock()
         self._warn_hold = _RateLimitedWarning()
 
@@ -557,7 +557,9 @@ class IOPubTask:
                             log.debug("sending %s", item.name if isinstance(item, StreamBatch) else item[0])
                         try:
                             frames = await self._stream_frames(item) if isinstance(item, StreamBatch) else item[1]
-                            if self.hold_bytes and (self._held or not self._listening or self._flushing.locked()):
+                            # While a flush is under way _held is not empty (it pops a message
+                            # only once sent), so a newer message never overtakes a held one.
+                            if self.hold_bytes and (self._held or not self._listening):
                                 self._hold(frames)
                                 await self._flush_held()
                             else:
