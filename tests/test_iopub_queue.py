@@ -701,7 +701,6 @@ def test_without_a_monitor_only_the_first_subscriber_is_held_for(rig_factory: An
             await r1.read_until(count_is(1), 5)
             first.close(linger=0)
             rig.subs.remove(first)
-            await trio.sleep(0.1)  # libzmq has seen it leave
             await rig.queue.send(rig.display(2))
             await _until(lambda: rig.stats.sent == 2)
             r2 = Reader(rig.subscriber())
@@ -846,12 +845,15 @@ def test_with_the_monitor_a_stray_unsubscription_does_not_start_the_hold(rig_fac
             await r.read_until(lambda m: len(m) >= 1, 5)
             stray = _raw_sub(rig.url, [b"\x00"])
             try:
-                await _until(lambda: rig.publisher.connections == 2)
-                stray.close()
-                await _until(lambda: rig.publisher.connections == 1)  # the stray peer left
-                assert not rig.publisher.holding
+                # while the stray peer is there (libzmq may also drop it at once:
+                # the count is not waited on), and after it has left
                 await rig.queue.send(rig.display(1))
                 await r.read_until(count_is(1), 3)
+                stray.close()
+                await _until(lambda: rig.publisher.connections == 1)  # only the live subscriber
+                assert not rig.publisher.holding
+                await rig.queue.send(rig.display(2))
+                await r.read_until(count_is(2), 3)
             finally:
                 stray.close()
 
