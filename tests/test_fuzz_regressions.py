@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
 import os
 import re
@@ -322,11 +323,13 @@ def test_memory_of_dropped_input_returns_to_a_plateau(jupyter_path):
         first = burst()
         assert first - base < 32, (base, first)
         later = [burst(first + 6) for _ in range(3)]
-        # a leak adds up burst after burst (3 MiB a burst: +3, +6, +9), so
-        # two of the three later bursts would not be back near the first;
-        # where long-lived objects land moves one burst by up to about
-        # 10 MiB on a loaded machine (seen: +9.7, then back to +0.3)
-        assert sorted(later)[1] - first < 6, (first, later)
+        # A leak adds up burst after burst (3 MiB a burst: +3, +6, +9): RSS
+        # grows from each later burst to the next. Where long-lived objects
+        # land moves one burst by up to about 10 MiB on a loaded machine
+        # (seen: +9.7, then back to +0.3), or the plateau once after the first
+        # burst (seen in CI: +6.6, +7.0, +7.0); neither grows at every step.
+        steps = [b - a for a, b in itertools.pairwise(later)]
+        assert not all(step > 1.5 for step in steps), (first, later)
         assert max(later) - first < 16, (first, later)
     finally:
         peers.close()
