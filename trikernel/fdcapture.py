@@ -50,13 +50,12 @@ thread reads the pipes directly.
 from __future__ import annotations
 
 import codecs
-import fcntl
 import logging
+import mmap
 import os
 import select
 import signal
 import sys
-import termios
 import threading
 import time
 from dataclasses import dataclass
@@ -130,6 +129,8 @@ class FdCapture:
         self._flush_lock = threading.Lock()  # one flush request in flight
         self._streams: list[_Captured] = []
         self._ctl = self._ack = self._bell = self._state = -1
+        self._state_map: Any = None  # the state memfd, mapped (busy and gap bytes read without a syscall)
+        self._pipes_poll: Any = None  # a select.poll of both pipes' read ends (one syscall per flush)
         self._acks_owed = 0
         self._relay: Any = None  # the relay's first process (a subprocess.Popen) until reaped
         self._relay_alive = False
@@ -148,6 +149,9 @@ class FdCapture:
             os.dup2(w, fd)  # inheritable: children write here
             os.close(w)
             self._streams.append(_Captured(fd, name, r, None))
+        self._pipes_poll = select.poll()
+        for s in self._streams:
+            self._pipes_poll.register(s.pipe, select.POLLIN)
         return saved[0], saved[1]
 
     def start(self, log_fd: int) -> None:
@@ -168,6 +172,7 @@ class FdCapture:
         out.buf = out_buf = os.memfd_create("trikernel-fd1", os.MFD_CLOEXEC)
         err.buf = err_buf = os.memfd_create("trikernel-fd2", os.MFD_CLOEXEC)
         self._state = os.memfd_create("trikernel-fd-state", os.MFD_CLOEXEC)
+        os.ftruncate(self._state, _STATE_SIZE)  # mapped below: every byte read must exist
         ctl_r, self._ctl = os.pipe()
         self._ack, ack_w = os.pipe()
         self._bell, bell_w = os.pipe()
@@ -194,6 +199,7 @@ class FdCapture:
         finally:
             for fd in (ctl_r, ack_w, bell_w):
                 os.close(fd)  # the relay holds them now: EOF on bell/ack means it is gone
+        self._state_map = mmap.mmap(self._state, _STATE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
         self._relay_alive = True
 
     def _mark_forked(self) -> None:
@@ -315,18 +321,21 @@ class FdCapture:
 
     def _nothing_in_flight(self) -> bool:
         """True if every byte written to the pipes so far is in the memfds
-        already, so the flush need not ask the relay (a few us instead of a
-        round trip to another process). Checked in this order: both pipes
-        empty (FIONREAD), then the relay's busy byte clear — it is set before
-        each pipe read and cleared after the append, so a byte that left a
-        pipe before the first check is in a memfd unless the byte is set —
-        and no drop notice due (the relay writes it when asked)."""
+        already, so the flush need not ask the relay (one syscall instead of
+        a round trip to another process). Checked in this order: neither
+        pipe readable (one ``poll`` of both), then the relay's busy byte
+        clear — it is set before each pipe read and cleared after the
+        append, so a byte that left a pipe before the first check is in a
+        memfd unless the byte is set — and no drop notice due (the relay
+        writes it when asked). The state bytes are read from a shared
+        mapping of the state memfd, which the relay writes with ``pwrite``: the
+        same page, no syscall (issue 12: each syscall on the path before a
+        reply lets the io thread take the GIL)."""
         if self._acks_owed:
             return False
-        for s in self._streams:
-            if _pipe_bytes(s.pipe):
-                return False
-        return os.pread(self._state, 3, _BUSY) == b"\0\0\0"  # not busy, no notice due
+        if any(events & select.POLLIN for _, events in self._pipes_poll.poll(0)):
+            return False
+        return bool(self._state_map[_BUSY : _BUSY + 3] == b"\0\0\0")  # not busy, no notice due
 
     def _ask_relay(self) -> None:
         """One flush request and its answer. While an earlier request is
@@ -377,13 +386,8 @@ class FdCapture:
 #: Offset of the relay's busy byte in the state memfd, then its two gap
 #: bytes (_fdrelay.BUSY, _fdrelay.GAP).
 _BUSY = 24
-
-
-def _pipe_bytes(fd: int) -> int:
-    """Bytes waiting in pipe ``fd`` (FIONREAD)."""
-    buf = bytearray(4)
-    fcntl.ioctl(fd, termios.FIONREAD, buf)
-    return int.from_bytes(buf, sys.byteorder)
+#: Bytes of the state memfd (set at creation; the relay writes bytes 0..26).
+_STATE_SIZE = 64
 
 
 _libc: Any = None

@@ -399,8 +399,12 @@ async def execute(
             # cannot abort (trio.to_thread.run_sync without
             # abandon_on_cancel) is pending until the next checkpoint: take
             # it here, as this cell's, not later as an "idle" interrupt.
+            # checkpoint_if_cancelled checkpoints only when one is pending
+            # (trio: the main task and ki_pending) or the run is cancelled;
+            # a full checkpoint per cell was a trip through the scheduler
+            # and epoll, which lets the io thread take the GIL (issue 12).
             try:
-                await trio.lowlevel.checkpoint()
+                await trio.lowlevel.checkpoint_if_cancelled()
             except KeyboardInterrupt as exc:
                 shell.showtraceback()
                 result.error_in_exec = exc
