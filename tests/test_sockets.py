@@ -307,6 +307,62 @@ def test_send_while_reader_waits_loses_no_message(adapter: AdapterType, pair: Pa
     assert forced >= RACES // 2, f"only {forced} of {RACES} sends consumed the edge"
 
 
+def test_send_from_another_thread_while_reader_waits_loses_no_message(pair: Pair) -> None:
+    """TrioSocket.send_from_thread (the shell's replies, sent by the thread
+    that ran the request): the same 500 forced races, the send made by
+    another thread while the run is blocked. That send consumes the FD edge
+    too; it must wake the reader through the run's token."""
+    sock = TrioSocket(pair.router, "test")
+    forced = 0
+
+    async def main() -> None:
+        nonlocal forced
+        token = trio.lowlevel.current_trio_token()
+        with trio.fail_after(DEADLINE):
+            pair.peer.send_multipart([b"hello"])
+            assert await sock.recv_multipart() == [IDENTITY, b"hello"]
+            got: list[list[bytes]] = []
+
+            async def reader() -> None:
+                got.append(await sock.recv_multipart())
+
+            for i in range(RACES):
+                got.clear()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(reader)
+                    await trio.testing.wait_all_tasks_blocked()  # the reader waits on ZMQ_FD
+                    pair.peer.send_multipart([b"req", b"%d" % i])
+                    assert pair.fd_readable(DEADLINE), "the request never arrived"
+                    sent: list[bool] = []
+                    t = threading.Thread(
+                        target=lambda: sent.append(sock.send_from_thread([IDENTITY, b"rep", b"%d" % i], token))
+                    )
+                    t.start()
+                    t.join(DEADLINE)  # the run stays blocked: only the token can wake the reader
+                    assert sent == [True]
+                    forced += not pair.fd_readable()
+                assert got == [[IDENTITY, b"req", b"%d" % i]]
+        for i in range(RACES):
+            assert pair.peer.recv_multipart() == [b"rep", b"%d" % i]
+
+    trio.run(main)
+    assert forced >= RACES // 2, f"only {forced} of {RACES} sends consumed the edge"
+
+
+def test_send_from_thread_to_a_peer_that_is_gone_is_counted(pair: Pair) -> None:
+    """An unroutable reply from another thread is what it is from the run:
+    False, counted in ``dropped`` (ROUTER_MANDATORY), no exception."""
+    sock = TrioSocket(pair.router, "test")
+
+    async def main() -> None:
+        token = trio.lowlevel.current_trio_token()
+        ok = await trio.to_thread.run_sync(lambda: sock.send_from_thread([b"nobody", b"rep"], token))
+        assert ok is False
+        assert sock.dropped == 1
+
+    trio.run(main)
+
+
 @pytest.mark.parametrize("adapter", adapters(zmq_anyio_fault=FAULT_NOWAIT_BESIDE_WAITER))
 def test_nowait_receive_beside_a_waiting_reader(adapter: AdapterType, inproc_pair: Pair) -> None:
     """While the reader waits, another task takes one of two queued messages

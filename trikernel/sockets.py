@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -204,9 +205,14 @@ class TrioSocket:
     ``dropped`` and logged (at most one line per DROP_LOG_INTERVAL).
 
     Threads: only tasks (or ``run_sync_soon`` callbacks) of the run that
-    owns the socket may call it. One task at a time may await
-    :meth:`recv_multipart`; any task may call :meth:`send_nowait` and
-    :meth:`recv_multipart_nowait`, also while the reader waits.
+    owns the socket may call it, except :meth:`send_from_thread`. One task
+    at a time may await :meth:`recv_multipart`; any task may call
+    :meth:`send_nowait` and :meth:`recv_multipart_nowait`, also while the
+    reader waits. Every libzmq call on the socket is made under one lock,
+    so :meth:`send_from_thread` (the shell's replies, sent by the thread
+    that ran the request: dispatch.py, "Replies") never touches the socket
+    at the same time as the owning run; a lock is the full memory barrier
+    libzmq asks of a socket used from more than one thread (zmq(7)).
 
     Why not zmq-anyio (0.4.1, measured in tests/test_sockets.py, which runs
     the same tests on both, and bench/sockets.py): it handles the FD edge
@@ -226,6 +232,7 @@ class TrioSocket:
         self.dropped = 0  #: replies that could not be routed (peer gone or past its HWM)
         self._last_drop_log = -DROP_LOG_INTERVAL
         self._waiter: Any = None  # the reader's trio.CancelScope while it waits
+        self._lock = threading.Lock()  # around every libzmq call (send_from_thread)
 
     async def recv_multipart(self) -> list[bytes]:
         """Wait for and return the next message's frames (a checkpoint)."""
@@ -233,34 +240,67 @@ class TrioSocket:
 
         await trio.lowlevel.checkpoint()
         while True:
-            try:
-                return self.sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                pass
-            with trio.CancelScope() as scope:
+            scope = trio.CancelScope()
+            with self._lock:  # the try and the waiter together: a send_from_thread sees the waiter
+                try:
+                    return self.sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
                 self._waiter = scope
+            with scope:
                 try:
                     await trio.lowlevel.wait_readable(self.fd)
                 finally:
-                    self._waiter = None
+                    with self._lock:
+                        self._waiter = None
 
     def recv_multipart_nowait(self) -> list[bytes] | None:
         """The next message's frames if one is queued, else None (no checkpoint).
 
         Any task of the run may call it, also while another task waits in
         :meth:`recv_multipart`: that reader is woken if more is queued."""
-        try:
-            return self.sock.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
-            return None
-        finally:
-            self._wake_reader()
+        with self._lock:
+            try:
+                return self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return None
+            finally:
+                self._wake_reader()
 
     def send_nowait(self, frames: list[bytes], *, quiet: bool = False) -> bool:
         """Send without blocking; returns False (counted, logged) when a
         ROUTER cannot route the message: the peer is gone or not connected
         yet (EHOSTUNREACH) or past its high-water mark (EAGAIN). ``quiet``:
         neither counted nor logged, for a caller that tries again."""
+        with self._lock:
+            try:
+                return self._send_locked(frames, quiet)
+            finally:
+                self._wake_reader()
+
+    def send_from_thread(self, frames: list[bytes], token: Any) -> bool:
+        """:meth:`send_nowait` from a thread that does not own the socket.
+
+        ``token``: the owning run's ``TrioToken``. The send can reset
+        ``ZMQ_FD`` over a queued message (class docstring); then the waiting
+        reader is woken through ``token`` (a wake-up only in that case).
+        Returns what :meth:`send_nowait` returns; raises ``zmq.ZMQError``
+        for anything else (a closed socket). Any thread.
+        """
+        with self._lock:
+            try:
+                return self._send_locked(frames, False)
+            finally:
+                if self._waiter is not None and int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    token.run_sync_soon(self._wake_reader_now)
+
+    def _wake_reader_now(self) -> None:
+        """In the owning run: wake the reader if it waits (it tries a recv first)."""
+        with self._lock:
+            if self._waiter is not None:
+                self._waiter.cancel()
+
+    def _send_locked(self, frames: list[bytes], quiet: bool) -> bool:
         try:
             self.sock.send_multipart(frames, zmq.NOBLOCK)
             return True
@@ -278,11 +318,9 @@ class TrioSocket:
                     "%s: a message could not be delivered (%s); %d dropped so far", self.name, why, self.dropped
                 )
             return False
-        finally:
-            self._wake_reader()
 
     def _wake_reader(self) -> None:
-        # a send or recv may have processed the socket's commands and so
+        # (lock held) a send or recv may have processed the socket's commands and so
         # reset ZMQ_FD while a message is queued: a waiting reader would sleep
         if self._waiter is not None and int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self._waiter.cancel()
