@@ -890,3 +890,66 @@ def test_a_subscription_read_after_its_connection_left_does_not_end_the_hold(rig
             assert [m.content["data"]["text/plain"] for m in r.non_welcome()] == ["1"]
 
     trio.run(main)
+
+
+# --------------------------------------------------------------------------- the quiet window (issue 12)
+
+
+def test_the_quiet_window_holds_messages_until_a_status_ends_it(rig_factory: Any) -> None:
+    """IOPubQueue.quiet: what other threads queue meanwhile leaves only once a
+    status message is queued (the request's idle), in order, all together."""
+    rig = rig_factory()
+    sub = rig.subscriber()
+
+    async def main() -> None:
+        r = Reader(sub)
+        async with running(rig):
+            await r.read_until(lambda m: len(r.welcomes()) >= 1, 5)
+            rig.queue.quiet(30.0)
+            await trio.to_thread.run_sync(lambda: [rig.queue.send_from_thread(rig.display(i)) for i in range(2)])
+            await r.read_for(0.3)
+            assert r.non_welcome() == []  # held by the window
+            idle = rig.session.status("idle", None)
+            assert await trio.to_thread.run_sync(lambda: rig.queue.send_status_from_thread(idle))
+            await r.read_until(count_is(3), 10)
+        got = [m.content.get("data", {}).get("text/plain") or m.content.get("execution_state") for m in r.non_welcome()]
+        assert got == ["0", "1", "idle"]
+
+    trio.run(main)
+
+
+def test_the_quiet_window_ends_by_itself(rig_factory: Any) -> None:
+    rig = rig_factory()
+    sub = rig.subscriber()
+
+    async def main() -> None:
+        r = Reader(sub)
+        async with running(rig):
+            await r.read_until(lambda m: len(r.welcomes()) >= 1, 5)
+            rig.queue.quiet(0.05)
+            await trio.to_thread.run_sync(lambda: rig.queue.send_from_thread(rig.display(5)))
+            await r.read_until(count_is(1), 10)  # no status came: the window ran out
+        assert [m.content["data"]["text/plain"] for m in r.non_welcome()] == ["5"]
+
+    trio.run(main)
+
+
+def test_status_from_a_thread_never_waits(rig_factory: Any) -> None:
+    """send_status_from_thread takes a credit, else the io run's overdraft,
+    else refuses (False) at once: the caller leaves idle to the io run."""
+    rig = rig_factory(capacity=1)
+    q = rig.queue
+
+    async def main() -> None:
+        q.attach()  # the io thread is this run's; the producer below is another thread
+
+        def produce() -> list[bool]:
+            assert q.send_from_thread(rig.display(0))  # the one credit
+            return [q.send_status_from_thread(rig.session.status("idle", None)) for _ in range(IO_OVERDRAFT + 1)]
+
+        results = await trio.to_thread.run_sync(produce)
+        assert results == [True] * IO_OVERDRAFT + [False]
+        q.close()
+        assert not await trio.to_thread.run_sync(lambda: q.send_status_from_thread(rig.session.status("idle", None)))
+
+    trio.run(main)

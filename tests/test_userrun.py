@@ -593,3 +593,99 @@ def test_a_run_off_the_main_thread_leaves_sigint_alone() -> None:
     assert ur.stopped.is_set()
     assert where == ["user-off-main"]
     assert signal.getsignal(signal.SIGINT) is before
+
+
+# ---------------------------------------------------------------- replies from the user run
+
+
+def test_a_job_reply_is_sent_in_the_user_run_before_the_io_run_is_told() -> None:
+    """Job(reply=...): the reply callable gets the result on the thread that
+    ran the job, after the SIGINT handler is back and the job stopped being
+    interruptible, before ``done``; what it returns is ``replied``."""
+    ur = UserRun()
+    seen: dict[str, Any] = {}
+
+    async def fn() -> str:
+        return "content"
+
+    def reply(result: Any) -> int:
+        seen["result"] = result
+        seen["main"] = threading.current_thread() is threading.main_thread()
+        seen["interruptible"] = ur._interruptible
+        return 3
+
+    async def script(io: IoSide) -> None:
+        job = Job(fn, reply)
+        seen["job"] = job
+        io.user_run.start_job_soon(job)
+        await io.done(job)
+        assert job.replied == 3
+        assert job.result == "content"
+        assert job.error is None
+
+    drive(script, user_run=ur)
+    assert seen["result"] == "content"
+    assert seen["main"] is True
+    assert seen["interruptible"] is False
+
+
+def test_a_reply_that_fails_is_left_to_the_io_run(caplog: pytest.LogCaptureFixture) -> None:
+    async def fn() -> int:
+        return 7
+
+    def reply(result: Any) -> int:
+        raise RuntimeError("socket closed")
+
+    async def script(io: IoSide) -> None:
+        job = Job(fn, reply)
+        io.user_run.start_job_soon(job)
+        await io.done(job)
+        assert job.replied == 0
+        assert job.result == 7
+        assert job.error is None
+
+    with caplog.at_level(logging.ERROR, logger="trikernel.userrun"):
+        drive(script)
+    assert "the io run sends it" in caplog.text
+
+
+def test_no_reply_from_the_user_run_for_a_job_that_raised() -> None:
+    calls: list[Any] = []
+
+    async def fn() -> None:
+        raise ValueError("in the job")
+
+    async def script(io: IoSide) -> None:
+        job = Job(fn, lambda result: calls.append(result) or 1)
+        io.user_run.start_job_soon(job)
+        await io.done(job)
+        assert isinstance(job.error, ValueError)
+        assert job.replied == 0
+
+    drive(script)
+    assert calls == []
+
+
+def test_an_interrupt_once_the_reply_may_leave_never_hits_the_next_job() -> None:
+    """A client that interrupts the moment it sees a reply (sent from the
+    user run, before the job has returned) must not interrupt the job queued
+    behind it: the interrupt is ignored as one while idle, whichever of the
+    two guards takes it (the job is no longer interruptible once its reply
+    may leave; a KI trio holds for the lane is taken by the lane's receive)."""
+    ur = UserRun()
+
+    async def first() -> str:
+        return "done"
+
+    def reply(result: Any) -> int:
+        ur.interrupt()  # what the io run does for an interrupt_request sent on seeing the reply
+        return 1
+
+    async def script(io: IoSide) -> None:
+        job = Job(first, reply)
+        io.user_run.start_job_soon(job)
+        nxt = io.job(lambda: trio.sleep(0.05))  # queued behind it at once; a pending KI lands in its sleep
+        await io.done(job, nxt)
+        assert nxt.error is None, nxt.error
+
+    drive(script, user_run=ur)

@@ -37,6 +37,22 @@ an error reply naming its type. A message ``--strict`` refused (a
 io lane, an error reply ``ProtocolError`` or, for non-requests, an IOPub
 ``error``; it is never run.
 
+Replies: a sequential request's reply leaves from the thread that ran it.
+When its job returns, that thread (the main thread, or a subshell's) signs
+the reply and sends it on the shell ROUTER itself
+(``TrioSocket.send_from_thread``, under the socket's lock), then queues
+``status: idle`` (``IOPubQueue.send_status_from_thread``), and only then
+tells the io run, which no longer has to wake up before the reply can leave
+(issue 12). The bracket still decides everything else; it skips the send
+and the idle the job already did (``Reply.sent``, ``Reply.idle_sent``).
+The io run sends the reply itself when the job raised, for a failed
+``execute_request`` (its stop_on_error window must open first), with
+``--message-log`` (recorded in the io run only), and when the user thread's
+send failed. While a sequential job runs, the iopub task keeps quiet (up to
+``iopub.QUIET_WINDOW``, 2 ms, or until a status is queued), so a short
+request's ``busy``, ``execute_input`` and ``idle`` leave together after its
+reply instead of taking the GIL from the running cell.
+
 ``stop_on_error`` (spec "Execute"): when an ``execute_request`` fails, every
 ``execute_request`` sent before the failure is answered without running —
 only execute requests; complete, inspect and the rest are served normally.
@@ -84,6 +100,10 @@ SUBSHELL_END_WAIT = 2.0
 CONCURRENT_LIMIT = 64
 #: debug_requests served at once (each an io-run task); later ones wait their turn.
 DEBUG_REQUESTS_IN_FLIGHT = 16
+#: What a job's ``reply`` (Dispatcher._reply_from_user_run) sent from the
+#: thread that ran it: bit flags in ``Job.replied``.
+SENT_REPLY = 1
+SENT_IDLE = 2
 #: Seconds the bracket waits at most to queue a status message when
 #: cancelled (shutdown); the IOPub queue has an overdraft for the io run, so
 #: this only bounds a broken queue.
@@ -100,12 +120,17 @@ class Lane(StrEnum):
 
 
 class Reply(NamedTuple):
-    """What a handler returns: the reply's ``content`` and ``metadata``, and
-    ``after``, called once idle is queued (shutdown starts there)."""
+    """What a handler returns: the reply's ``content`` and ``metadata``,
+    ``after``, called once idle is queued (shutdown starts there), and
+    ``sent``: the reply already left from the thread that ran the request
+    (module docstring, "Replies"); the bracket then only publishes idle."""
 
     content: dict[str, Any]
     metadata: dict[str, Any] | None = None
     after: Callable[[], None] | None = None
+    sent: bool = False
+    #: ``status: idle`` was queued after the reply by that thread too
+    idle_sent: bool = False
 
 
 Handler = Callable[["Dispatcher", Message], Awaitable[Reply | None]]
@@ -359,12 +384,13 @@ class Dispatcher:
                     channel, "request_failed", f"{msg.msg_type} failed: {type(exc).__name__}: {short(str(exc))}"
                 )
                 reply = self._error_reply(msg, exc)
-            if reply is not None:
+            if reply is not None and not reply.sent:
                 await self.send(channel, self._d.builder.reply(msg, reply.content, metadata=reply.metadata))
         finally:
-            with trio.CancelScope(shield=True) as scope:
-                scope.deadline = trio.current_time() + STATUS_DEADLINE
-                await self._status("idle", msg)
+            if reply is None or not reply.idle_sent:
+                with trio.CancelScope(shield=True) as scope:
+                    scope.deadline = trio.current_time() + STATUS_DEADLINE
+                    await self._status("idle", msg)
         if reply is not None and reply.after is not None:
             reply.after()
 
@@ -430,20 +456,68 @@ class Dispatcher:
         would end it), KernelShuttingDown if the user run is gone, else
         whatever the job raised.
         """
+        return (await self._run_job(fn, concurrent=concurrent)).result
+
+    async def _run_job(
+        self, fn: Callable[[], Awaitable[Any]], *, concurrent: bool = False, reply: Callable[[Any], int] | None = None
+    ) -> Job:
+        """:meth:`in_user_run`, returning the finished Job (``reply``: see
+        :class:`~trikernel.userrun.Job`; ``job.replied`` says if it was sent)."""
         await _when_set(self._jobs_ready)
         lane = _serving.get() or self._main_lane  # the main shell's outside the shell lanes
         await _when_set(lane.ready)
-        job = Job(fn)
+        job = Job(fn, reply)
         if concurrent:
             lane.user_run.start_task_soon(job)
         else:
+            self._d.queue.quiet()  # until its idle (iopub.QUIET_WINDOW)
             lane.user_run.start_job_soon(job)
         await job.done.wait()
         if isinstance(job.error, KeyboardInterrupt):
             raise JobInterrupted(f"interrupted: {job.error!r}")
         if job.error is not None:
             raise job.error
-        return job.result
+        return job
+
+    def _reply_from_user_run(
+        self,
+        msg: Message,
+        metadata: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        when: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> Callable[[Any], int] | None:
+        """The ``reply`` of a sequential shell job: sends ``msg``'s reply
+        from the thread that ran the job, right when it returns, then queues
+        its ``status: idle``, instead of waking the io run to do both
+        (module docstring, "Replies"). Returns SENT_REPLY, with SENT_IDLE
+        when idle was queued too (it is not when the IOPub queue has neither
+        credit nor overdraft left: the bracket then queues it, waiting), or
+        0 when it left the reply to the io run.
+
+        ``metadata(content)``: the reply's metadata; ``when(content)``:
+        False leaves this reply to the io run (a failed execute, whose
+        stop_on_error window must open before its reply leaves). None with
+        ``--message-log`` (the log is recorded in the io run only).
+        Called in the io run; the returned callable runs in the user run.
+        """
+        if self._d.message_log is not None:
+            return None
+        sock = self._d.sockets["shell"]
+        token = trio.lowlevel.current_trio_token()
+        builder, signer, queue = self._d.builder, self._d.signer, self._d.queue
+
+        def send(content: Any) -> int:
+            if not isinstance(content, dict) or (when is not None and not when(content)):
+                return 0
+            reply = builder.reply(msg, content, metadata=metadata(content) if metadata is not None else None)
+            sock.send_from_thread(serialize(reply, signer), token)  # sent, or undeliverable (counted, logged)
+            try:
+                idle = queue.send_status_from_thread(builder.status("idle", msg.header))
+            except Exception:  # a bug: the reply is out, so the bracket publishes idle
+                log.exception("idle could not be queued from the user run")
+                idle = False
+            return SENT_REPLY | SENT_IDLE if idle else SENT_REPLY
+
+        return send
 
     def _start_abort(self, lane: ShellLane, failed: _Queued) -> None:
         """stop_on_error: open ``lane``'s abort window for ``failed`` (before
@@ -629,20 +703,24 @@ class Dispatcher:
     async def execute(self, msg: Message) -> Reply:
         _check_execute_content(msg.content)
         started = utcnow_iso()
+        engine = self._d.builder.session_id
         jobs = await self._jobs_when_ready()
-        content: dict[str, Any] = await self.in_user_run(lambda: jobs.execute(msg))
+
+        def metadata(content: dict[str, Any]) -> dict[str, Any]:
+            return {"started": started, "dependencies_met": True, "engine": engine, "status": content.get("status")}
+
+        job = await self._run_job(
+            lambda: jobs.execute(msg), reply=self._reply_from_user_run(msg, metadata, _execute_succeeded)
+        )
+        content: dict[str, Any] = job.result
+        if job.replied:
+            return Reply(content, sent=True, idle_sent=bool(job.replied & SENT_IDLE))
         failed = content.get("status") == "error"
         if failed and _flag(msg.content, "stop_on_error", True) and not _flag(msg.content, "silent", False):
             lane = _serving.get()
             if lane is not None and lane.current is not None and lane.current.msg is msg:
                 self._start_abort(lane, lane.current)
-        metadata = {
-            "started": started,
-            "dependencies_met": True,
-            "engine": self._d.builder.session_id,
-            "status": content.get("status"),
-        }
-        return Reply(content, metadata)
+        return Reply(content, metadata(content))
 
     async def comm(self, msg: Message) -> None:
         jobs = await self._jobs_when_ready()
@@ -751,9 +829,17 @@ def _user_request(
 
     async def handler(d: Dispatcher, msg: Message) -> Reply:
         jobs = await d._jobs_when_ready()
-        return Reply(await d.in_user_run(_sync(body(jobs), msg), concurrent=concurrent))
+        reply = None if concurrent else d._reply_from_user_run(msg)
+        job = await d._run_job(_sync(body(jobs), msg), concurrent=concurrent, reply=reply)
+        return Reply(job.result, sent=bool(job.replied), idle_sent=bool(job.replied & SENT_IDLE))
 
     return handler
+
+
+def _execute_succeeded(content: dict[str, Any]) -> bool:
+    """Only a succeeded execute's reply may leave from the user run: a failed
+    one opens the stop_on_error window first (io run, :class:`AbortWindow`)."""
+    return content.get("status") == "ok"
 
 
 def _sync(fn: Callable[[Message], Any], msg: Message) -> Callable[[], Awaitable[Any]]:

@@ -91,6 +91,13 @@ GATHER_WINDOW = 0.0005
 #: is part of a burst (gather first); a later one is a lone message (an
 #: execute_input, the first line of output) and is sent at once.
 BURST_GAP = 0.002
+#: Seconds the iopub task sends nothing after a sequential request was
+#: handed to the user run (IOPubQueue.quiet), unless a ``status`` message
+#: ends it first — the request's ``idle`` does, so a short request's
+#: ``busy``, ``execute_input`` and ``idle`` leave together after its reply,
+#: and the io thread does not take the GIL from the running cell meanwhile
+#: (issue 12). A longer cell's messages leave when it ends.
+QUIET_WINDOW = 0.002
 #: Messages the iopub task takes from the queue at once (one lock round
 #: trip, one credit return, one EVENTS check per batch).
 SEND_BATCH = 64
@@ -211,6 +218,10 @@ class IOPubQueue:
         # items queued by another thread since the last take that emptied the
         # queue: after a wait (the queue was empty), whether a thread woke it
         self._thread_items = False
+        # a status message is queued: the burst is over (idle ends a request),
+        # so the next wake-up sends at once instead of gathering
+        self._status_queued = False
+        self._quiet_until = 0.0  # time.monotonic() the quiet window ends; 0: not quiet
         self.closed = False
 
     # -- wiring -----------------------------------------------------------
@@ -250,9 +261,14 @@ class IOPubQueue:
         self._open.clear()
         if isinstance(item, StreamBatch):
             self._open[item.name] = item
+        elif isinstance(item, tuple) and item[0] == "status":
+            self._status_queued = True
+            self._quiet_until = 0.0
         self._items.append(item)
         if not self.in_io_thread:
             self._thread_items = True
+        if self._quiet_until and time.monotonic() < self._quiet_until:
+            return  # the consumer waits out the window (get): no wake-up from here
         if self._consumer_wake is not None:
             ev, self._consumer_wake = self._consumer_wake, None
             self._wake(ev)
@@ -281,6 +297,39 @@ class IOPubQueue:
             raise RuntimeError("IOPubQueue.send_from_thread from the io thread; use send")
         with self._lock:
             if not self._take_credit_locked():
+                return False
+            self._append_locked((msg.msg_type, frames))
+        return True
+
+    def quiet(self, seconds: float = QUIET_WINDOW) -> None:
+        """Hold what is queued from now for up to ``seconds`` (QUIET_WINDOW),
+        or until a ``status`` message is queued, whichever comes first.
+        Io run only (the dispatcher, at each sequential hand-over)."""
+        with self._lock:
+            self._quiet_until = time.monotonic() + seconds
+            if self._consumer_wake is not None:  # it waits with no deadline: let it take the window's
+                ev, self._consumer_wake = self._consumer_wake, None
+                self._wake(ev)
+
+    def send_status_from_thread(self, msg: Message) -> bool:
+        """Queue a ``status`` message from any thread but the io thread,
+        never waiting: a credit, else the overdraft :meth:`send` uses (so
+        status never waits behind a stalled subscriber). Returns False,
+        queueing nothing, when neither is left or the queue is closed: the
+        caller then leaves the message to the io run (dispatch.py,
+        "Replies"). Raises RuntimeError from the io thread.
+        """
+        frames = serialize(msg, self.signer)
+        if self.in_io_thread:
+            raise RuntimeError("IOPubQueue.send_status_from_thread from the io thread; use send")
+        with self._lock:
+            if self.closed:
+                return False
+            if self._free > 0:
+                self._free -= 1
+            elif self._overdraft < IO_OVERDRAFT:
+                self._overdraft += 1
+            else:
                 return False
             self._append_locked((msg.msg_type, frames))
         return True
@@ -341,22 +390,31 @@ class IOPubQueue:
         A lone message after a pause goes at once, and so does the first one
         from another thread after the io run's own (the ``execute_input``
         after ``busy``): waiting there would hold the cell's ``idle`` behind
-        the window (trio's epoll rounds it up to 1 ms; issue 12).
+        the window (trio's epoll rounds it up to 1 ms; issue 12). Nor does
+        it wait when a ``status`` message is queued: ``idle`` ends the
+        request's output, whichever thread queued it (dispatch.py, "Replies").
         """
         while True:
             with self._lock:
-                if self._items:
+                quiet = self._quiet_until - time.monotonic() if self._quiet_until else 0.0
+                if self._items and quiet <= 0:
+                    self._quiet_until = 0.0
                     items = self._items
                     self._last_take = time.monotonic()
                     self._last_take_from_thread = self._thread_items
                     taken = [items.popleft() for _ in range(min(limit, len(items)))]
                     if not items:  # what is left of a long queue may be that thread's too
                         self._thread_items = False
+                        self._status_queued = False
                     return taken
                 ev = self._consumer_wake = trio.Event()
+            if quiet > 0:
+                with trio.move_on_after(quiet):
+                    await ev.wait()
+                continue
             await ev.wait()
             in_burst = self._last_take_from_thread and time.monotonic() - self._last_take < BURST_GAP
-            if self._thread_items and in_burst:
+            if self._thread_items and in_burst and not self._status_queued:
                 # a cell producing output: let it queue a batch before we
                 # take the GIL back, instead of one thread switch per message
                 await trio.sleep(GATHER_WINDOW)

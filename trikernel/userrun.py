@@ -64,16 +64,25 @@ class Job:
     the user run was cancelled at shutdown). ``done`` is a ``trio.Event`` of
     the io run, set through that run's token.
 
+    ``reply``: called in the user run with ``result`` when ``fn`` returned
+    (not when it raised), before the io run is told; it sends the request's
+    reply from this thread and returns what it sent (non-zero flags), or
+    returns 0 to leave the reply to the io run (dispatch.py, "Replies").
+    ``replied`` holds what it returned. An exception it raises is logged
+    and leaves the reply to the io run.
+
     Create it in the io run (it captures that run's token); run it only in
     the user run.
     """
 
-    __slots__ = ("_io_token", "done", "error", "fn", "result")
+    __slots__ = ("_io_token", "_reply", "done", "error", "fn", "replied", "result")
 
-    def __init__(self, fn: Callable[[], Awaitable[Any]]):
+    def __init__(self, fn: Callable[[], Awaitable[Any]], reply: Callable[[Any], int] | None = None):
         self.fn = fn
         self.result: Any = None
         self.error: BaseException | None = None
+        self.replied = 0
+        self._reply = reply
         self.done = trio.Event()  # belongs to the io run
         self._io_token = trio.lowlevel.current_trio_token()
 
@@ -82,8 +91,8 @@ class Job:
         """Run ``fn`` (user run). The glue is KI-protected, so an interrupt
         can never skip telling the io run; ``fn`` itself is not, so a cell or
         handler that loops or sleeps is interrupted like a cell.
-        ``before_done`` runs after ``fn``, before the io run is told (so
-        before the reply can leave)."""
+        ``before_done`` runs after ``fn``, before the reply can leave (from
+        here or from the io run, which is told last)."""
         try:
             self.result = await _call_interruptible(self.fn)
         except KeyboardInterrupt as exc:  # an interrupt that reached the job itself
@@ -96,7 +105,16 @@ class Job:
         finally:
             if before_done is not None:
                 before_done()
+            if self._reply is not None and self.error is None:
+                self._send_reply()
             self._finish()
+
+    def _send_reply(self) -> None:
+        assert self._reply is not None
+        try:
+            self.replied = self._reply(self.result)
+        except Exception:  # a bug, or a socket closed at shutdown: the io run answers instead
+            log.exception("the reply could not be sent from the user run; the io run sends it")
 
     def _finish(self) -> None:
         # the io run already ended (shutdown): nobody waits for this job
@@ -262,9 +280,17 @@ class UserRun:
             self._restore_sigint()
             self.busy = True
             try:
-                await job.run(before_done=self._restore_sigint)
+                await job.run(before_done=self._end_of_job)
             finally:
                 self.busy = False
+
+    def _end_of_job(self) -> None:
+        """Right after a sequential job's code returned, before its reply can
+        leave (the reply may leave from this thread: Job.run): trio's SIGINT
+        handler is back, and an interrupt from now on belongs to no job, so
+        it is ignored, never held for the next one."""
+        self._restore_sigint()
+        self.busy = False
 
     def _wrap_sigint(self, trio_handler: Any) -> Any:
         """Install a SIGINT handler that calls :attr:`on_interrupt`, then
