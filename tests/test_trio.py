@@ -395,6 +395,19 @@ def test_background_task_outlives_cells_and_prints_to_its_cell(fresh):
     stop_ticker(kc)
 
 
+def test_a_task_the_cell_starts_takes_its_first_step_before_idle(kernel):
+    """A task started with ``nursery.start_soon`` that prints before its
+    first await: the text is the cell's output, before the cell's idle
+    (clients such as nbclient stop reading at idle). The end-of-cell
+    checkpoint runs it; found when that checkpoint was skipped for speed."""
+    _km, kc = kernel
+    ok(execute(kc, "async def first_step(i):\n    print('first step', i)")[0])
+    for i in range(10):  # trio runs a batch in random order: one cell in two would show it
+        reply, out = execute(kc, f"nursery.start_soon(first_step, {i})")
+        ok(reply)
+        assert stdout_of(out) == f"first step {i}\n"
+
+
 def test_background_display_and_stderr_go_to_their_cell(fresh):
     """display() and stderr from a background task, triggered while another cell runs, go to the starter."""
     _km, kc = fresh

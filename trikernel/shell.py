@@ -395,16 +395,8 @@ async def execute(
                 shell.showtraceback()
                 result = ExecutionResult(None)
                 result.error_in_exec = exc
-            # An interrupt that came while the cell waited on something trio
-            # cannot abort (trio.to_thread.run_sync without
-            # abandon_on_cancel) is pending until the next checkpoint: take
-            # it here, as this cell's, not later as an "idle" interrupt.
-            # checkpoint_if_cancelled checkpoints only when one is pending
-            # (trio: the main task and ki_pending) or the run is cancelled;
-            # a full checkpoint per cell was a trip through the scheduler
-            # and epoll, which lets the io thread take the GIL (issue 12).
             try:
-                await trio.lowlevel.checkpoint_if_cancelled()
+                await _end_of_cell_checkpoint()
             except KeyboardInterrupt as exc:
                 shell.showtraceback()
                 result.error_in_exec = exc
@@ -433,6 +425,52 @@ async def execute(
     reply["payload"] = payloads.read_payload()
     payloads.clear_payload()
     return reply
+
+
+#: Scheduler passes at most at the end of a cell for the tasks and
+#: callbacks it left runnable (_end_of_cell_checkpoint); bounds the cost
+#: when a background task is always runnable.
+END_OF_CELL_PASSES = 8
+
+
+async def _end_of_cell_checkpoint() -> None:
+    """The checkpoint after a cell's code, inside the request (so before
+    its fd flush, reply and idle). Two jobs:
+
+    - tasks the cell has just started (``nursery.start_soon``) and
+      callbacks queued meanwhile (a comm handler arriving during a sync
+      cell) take their first step here, so what they print before their
+      first await is this cell's output, before its idle (clients such as
+      nbclient stop reading at idle). Checkpoints repeat while other tasks
+      are runnable (at most END_OF_CELL_PASSES), then once more: trio runs
+      a batch in random order, so after one checkpoint a task started by
+      the cell may still be behind this one in the batch;
+    - an interrupt that came while the cell waited on something trio cannot
+      abort (``trio.to_thread.run_sync`` without ``abandon_on_cancel``) is
+      pending until a checkpoint: it is taken here, as this cell's, not
+      later as an "idle" interrupt.
+
+    With nothing runnable and nothing queued, no full checkpoint:
+    ``checkpoint_if_cancelled`` still raises a pending interrupt (trio
+    checkpoints for the main task when one is pending) or cancellation. A
+    full checkpoint is a trip through the scheduler and epoll, whose
+    syscall lets the io thread take the GIL, on the path of every reply
+    (issue 12).
+    """
+    if not _others_pending():
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return
+    for _ in range(END_OF_CELL_PASSES):
+        await trio.lowlevel.checkpoint()
+        if not _others_pending():
+            break
+    await trio.lowlevel.checkpoint()
+
+
+def _others_pending() -> bool:
+    """Tasks runnable, or callbacks queued (``run_sync_soon``), in this trio run."""
+    stats = trio.lowlevel.current_statistics()
+    return bool(stats.tasks_runnable or stats.run_sync_soon_queue_size)
 
 
 def _ename(err: BaseException | None) -> str:
