@@ -334,9 +334,11 @@ def test_send_from_another_thread_while_reader_waits_loses_no_message(pair: Pair
                     pair.peer.send_multipart([b"req", b"%d" % i])
                     assert pair.fd_readable(DEADLINE), "the request never arrived"
                     sent: list[bool] = []
-                    t = threading.Thread(
-                        target=lambda: sent.append(sock.send_from_thread([IDENTITY, b"rep", b"%d" % i], token))
-                    )
+
+                    def reply(i: int = i, sent: list[bool] = sent) -> None:
+                        sent.append(sock.send_from_thread([IDENTITY, b"rep", b"%d" % i], token))
+
+                    t = threading.Thread(target=reply)
                     t.start()
                     t.join(DEADLINE)  # the run stays blocked: only the token can wake the reader
                     assert sent == [True]

@@ -677,6 +677,9 @@ def test_an_interrupt_once_the_reply_may_leave_never_hits_the_next_job() -> None
     async def first() -> str:
         return "done"
 
+    async def nap() -> None:
+        await trio.sleep(0.05)
+
     def reply(result: Any) -> int:
         ur.interrupt()  # what the io run does for an interrupt_request sent on seeing the reply
         return 1
@@ -684,8 +687,33 @@ def test_an_interrupt_once_the_reply_may_leave_never_hits_the_next_job() -> None
     async def script(io: IoSide) -> None:
         job = Job(first, reply)
         io.user_run.start_job_soon(job)
-        nxt = io.job(lambda: trio.sleep(0.05))  # queued behind it at once; a pending KI lands in its sleep
+        nxt = io.job(nap)  # queued behind it at once; a pending KI would land in its sleep
         await io.done(job, nxt)
         assert nxt.error is None, nxt.error
 
     drive(script, user_run=ur)
+
+
+def test_an_interrupt_landing_after_the_job_code_still_tells_the_io_run(caplog: pytest.LogCaptureFixture) -> None:
+    """UserRun.interrupt's fallback (an asynchronous KeyboardInterrupt, when
+    user code disabled SIGINT) can land after the job's code returned, in
+    the reply: the io run is still told, the result kept, the lane serves on."""
+
+    async def fn() -> int:
+        return 7
+
+    def reply(result: Any) -> int:
+        raise KeyboardInterrupt
+
+    async def script(io: IoSide) -> None:
+        job = Job(fn, reply)
+        io.user_run.start_job_soon(job)
+        await io.done(job)
+        assert job.result == 7
+        assert job.error is None
+        assert job.replied == 0
+        assert (await io.run(checkpoints)).error is None
+
+    with caplog.at_level(logging.INFO, logger="trikernel.userrun"):
+        drive(script)
+    assert "interrupt after the job's code returned: ignored" in caplog.text

@@ -100,8 +100,8 @@ SUBSHELL_END_WAIT = 2.0
 CONCURRENT_LIMIT = 64
 #: debug_requests served at once (each an io-run task); later ones wait their turn.
 DEBUG_REQUESTS_IN_FLIGHT = 16
-#: What a job's ``reply`` (Dispatcher._reply_from_user_run) sent from the
-#: thread that ran it: bit flags in ``Job.replied``.
+#: What a job's ``reply`` (_ThreadReply) sent from the thread that ran it:
+#: bit flags in ``_ThreadReply.sent`` (and ``Job.replied``).
 SENT_REPLY = 1
 SENT_IDLE = 2
 #: Seconds the bracket waits at most to queue a status message when
@@ -271,6 +271,59 @@ class DispatchDeps:
     subshells: SubshellRegistry | None = None
     message_log: MessageLog | None = None
     debugger: Debugger | None = None
+
+
+class _ThreadReply:
+    """Sends a sequential request's reply from the thread that ran its job,
+    right when the job returns, then queues its ``status: idle``, instead of
+    waking the io run to do both (module docstring, "Replies").
+
+    Called (as a Job's ``reply``) in the user run with the job's result;
+    returns, and records in ``sent``, SENT_REPLY, with SENT_IDLE when idle
+    was queued too (it is not when the IOPub queue has neither credit nor
+    overdraft left: the bracket then queues it, waiting), or 0 when it left
+    the reply to the io run. ``metadata(content)``: the reply's metadata;
+    ``when(content)``: False leaves the reply to the io run (a failed
+    execute, whose stop_on_error window must open before its reply leaves).
+    ``sent`` is what the io run reads once the job is done: it is set right
+    after each send, so an interrupt landing in between cannot make the io
+    run send the reply twice.
+    """
+
+    __slots__ = ("_builder", "_metadata", "_msg", "_queue", "_signer", "_sock", "_token", "_when", "sent")
+
+    def __init__(
+        self,
+        msg: Message,
+        metadata: Callable[[dict[str, Any]], dict[str, Any]] | None,
+        when: Callable[[dict[str, Any]], bool] | None,
+        sock: TrioSocket,
+        token: trio.lowlevel.TrioToken,
+        builder: MessageBuilder,
+        signer: Signer,
+        queue: IOPubQueue,
+    ):
+        self._msg, self._metadata, self._when = msg, metadata, when
+        self._sock, self._token = sock, token
+        self._builder, self._signer, self._queue = builder, signer, queue
+        self.sent = 0
+
+    def __call__(self, content: Any) -> int:
+        if not isinstance(content, dict) or (self._when is not None and not self._when(content)):
+            return 0
+        msg, builder = self._msg, self._builder
+        metadata = self._metadata(content) if self._metadata is not None else None
+        reply = builder.reply(msg, content, metadata=metadata)
+        self._sock.send_from_thread(serialize(reply, self._signer), self._token)  # or undeliverable: counted, logged
+        self.sent = SENT_REPLY
+        try:
+            idle = self._queue.send_status_from_thread(builder.status("idle", msg.header))
+        except Exception:  # a bug: the reply is out, so the bracket publishes idle
+            log.exception("idle could not be queued from the user run")
+            idle = False
+        if idle:
+            self.sent |= SENT_IDLE
+        return self.sent
 
 
 class Dispatcher:
@@ -484,40 +537,22 @@ class Dispatcher:
         msg: Message,
         metadata: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         when: Callable[[dict[str, Any]], bool] | None = None,
-    ) -> Callable[[Any], int] | None:
-        """The ``reply`` of a sequential shell job: sends ``msg``'s reply
-        from the thread that ran the job, right when it returns, then queues
-        its ``status: idle``, instead of waking the io run to do both
-        (module docstring, "Replies"). Returns SENT_REPLY, with SENT_IDLE
-        when idle was queued too (it is not when the IOPub queue has neither
-        credit nor overdraft left: the bracket then queues it, waiting), or
-        0 when it left the reply to the io run.
-
-        ``metadata(content)``: the reply's metadata; ``when(content)``:
-        False leaves this reply to the io run (a failed execute, whose
-        stop_on_error window must open before its reply leaves). None with
-        ``--message-log`` (the log is recorded in the io run only).
-        Called in the io run; the returned callable runs in the user run.
-        """
+    ) -> _ThreadReply | None:
+        """The ``reply`` of a sequential shell job (module docstring,
+        "Replies"); None with ``--message-log`` (the log is recorded in the
+        io run only). Called in the io run; the result runs in the user run."""
         if self._d.message_log is not None:
             return None
-        sock = self._d.sockets["shell"]
-        token = trio.lowlevel.current_trio_token()
-        builder, signer, queue = self._d.builder, self._d.signer, self._d.queue
-
-        def send(content: Any) -> int:
-            if not isinstance(content, dict) or (when is not None and not when(content)):
-                return 0
-            reply = builder.reply(msg, content, metadata=metadata(content) if metadata is not None else None)
-            sock.send_from_thread(serialize(reply, signer), token)  # sent, or undeliverable (counted, logged)
-            try:
-                idle = queue.send_status_from_thread(builder.status("idle", msg.header))
-            except Exception:  # a bug: the reply is out, so the bracket publishes idle
-                log.exception("idle could not be queued from the user run")
-                idle = False
-            return SENT_REPLY | SENT_IDLE if idle else SENT_REPLY
-
-        return send
+        return _ThreadReply(
+            msg,
+            metadata,
+            when,
+            self._d.sockets["shell"],
+            trio.lowlevel.current_trio_token(),
+            self._d.builder,
+            self._d.signer,
+            self._d.queue,
+        )
 
     def _start_abort(self, lane: ShellLane, failed: _Queued) -> None:
         """stop_on_error: open ``lane``'s abort window for ``failed`` (before
@@ -709,12 +744,12 @@ class Dispatcher:
         def metadata(content: dict[str, Any]) -> dict[str, Any]:
             return {"started": started, "dependencies_met": True, "engine": engine, "status": content.get("status")}
 
-        job = await self._run_job(
-            lambda: jobs.execute(msg), reply=self._reply_from_user_run(msg, metadata, _execute_succeeded)
-        )
+        thread_reply = self._reply_from_user_run(msg, metadata, _execute_succeeded)
+        job = await self._run_job(lambda: jobs.execute(msg), reply=thread_reply)
         content: dict[str, Any] = job.result
-        if job.replied:
-            return Reply(content, sent=True, idle_sent=bool(job.replied & SENT_IDLE))
+        sent = thread_reply.sent if thread_reply is not None else 0
+        if sent:
+            return Reply(content, sent=True, idle_sent=bool(sent & SENT_IDLE))
         failed = content.get("status") == "error"
         if failed and _flag(msg.content, "stop_on_error", True) and not _flag(msg.content, "silent", False):
             lane = _serving.get()
@@ -829,9 +864,10 @@ def _user_request(
 
     async def handler(d: Dispatcher, msg: Message) -> Reply:
         jobs = await d._jobs_when_ready()
-        reply = None if concurrent else d._reply_from_user_run(msg)
-        job = await d._run_job(_sync(body(jobs), msg), concurrent=concurrent, reply=reply)
-        return Reply(job.result, sent=bool(job.replied), idle_sent=bool(job.replied & SENT_IDLE))
+        thread_reply = None if concurrent else d._reply_from_user_run(msg)
+        job = await d._run_job(_sync(body(jobs), msg), concurrent=concurrent, reply=thread_reply)
+        sent = thread_reply.sent if thread_reply is not None else 0
+        return Reply(job.result, sent=bool(sent), idle_sent=bool(sent & SENT_IDLE))
 
     return handler
 

@@ -103,11 +103,19 @@ class Job:
         except BaseException as exc:  # any failure goes back to the io run, which reports it
             self.error = exc
         finally:
-            if before_done is not None:
-                before_done()
-            if self._reply is not None and self.error is None:
-                self._send_reply()
-            self._finish()
+            try:
+                if before_done is not None:
+                    before_done()
+                if self._reply is not None and self.error is None:
+                    self._send_reply()
+            except KeyboardInterrupt:
+                # an asynchronous interrupt (UserRun.interrupt's fallback when
+                # user code disabled SIGINT) asked for while the job ran, landing
+                # after its code returned: the request is over; the io run must
+                # still be told (a reply the thread had not sent, it sends)
+                log.info("interrupt after the job's code returned: ignored")
+            finally:
+                self._finish()
 
     def _send_reply(self) -> None:
         assert self._reply is not None
