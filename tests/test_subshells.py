@@ -301,6 +301,26 @@ def test_nursery_start_soon_from_a_subshell_runs_in_the_main_run(wire: Wire, sub
     wire.wait_printed(msg_id, "task on main thread: True")
 
 
+def test_completions_in_two_subshells_at_once_all_succeed(wire: Wire) -> None:
+    """complete_request on two subshells at once (their own threads), 60
+    each, pipelined: every reply is ok. IPython's provisionalcompleter()
+    swaps the process's warning filters, and without a lock one thread's
+    exit made the other's completion fail with ProvisionalCompleterWarning
+    (about 2 in 300 on a 2-core machine, found in review)."""
+    subs = [wire.create() for _ in range(2)]
+    try:
+        sent = [
+            wire.send("complete_request", {"code": "import o", "cursor_pos": 8}, sid) for _ in range(60) for sid in subs
+        ]
+        replies = [wire.reply(m, timeout=60) for m in sent]
+        failed = [r["content"] for r in replies if r["content"]["status"] != "ok"]
+        assert failed == []
+        assert all("os" in r["content"]["matches"] for r in replies)
+    finally:
+        for sid in subs:
+            wire.delete(sid)
+
+
 def test_stop_on_error_is_per_subshell(wire: Wire) -> None:
     """ipykernel's test_execute_stop_on_error: a failure aborts the queue of
     its own subshell only."""

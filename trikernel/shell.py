@@ -14,6 +14,7 @@ import base64
 import logging
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -485,14 +486,25 @@ def _ename(err: BaseException | None) -> str:
     return type(err).__name__
 
 
+#: One completion at a time, whichever shell asks (subshells complete on
+#: their own threads): IPython's provisionalcompleter() swaps the process's
+#: warning filters (warnings.catch_warnings), so a completion on another
+#: thread that exits first puts back the filter that turns
+#: ProvisionalCompleterWarning into an error for this one.
+_COMPLETING = threading.Lock()
+
+
 def complete(shell: TrikernelShell, content: dict[str, Any]) -> dict[str, Any]:
+    """``complete_request`` content → reply content (messaging spec
+    "Completion"), with IPython's completer; any thread that runs a shell
+    lane (serialised by _COMPLETING)."""
     from IPython.core.completer import provisionalcompleter, rectify_completions
 
     code = content.get("code", "")
     cursor_pos = content.get("cursor_pos")
     if cursor_pos is None:
         cursor_pos = len(code)
-    with provisionalcompleter():
+    with _COMPLETING, provisionalcompleter():
         raw = shell.Completer.completions(code, cursor_pos)
         completions = list(rectify_completions(code, raw))
     comps = [
