@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import TIMEOUT, execute, start_kernel, stop_kernel, wait_for_marker
+from conftest import TIMEOUT, collect_outputs, execute, start_kernel, stop_kernel, wait_for_marker
 
 from trikernel.conformance.client import Channels
 
@@ -660,3 +660,60 @@ def test_trikernel_magic_with_an_unknown_word_says_how_to_use_it(kernel: Any) ->
     assert r["content"]["status"] == "error"
     assert r["content"]["ename"] == "UsageError"
     assert "%trikernel log" in r["content"]["evalue"]
+
+
+def test_interrupts_of_cells_that_disabled_sigint_never_double_a_reply_or_kill(jupyter_path: str) -> None:
+    """A cell that set SIGINT to SIG_IGN is interrupted by an asynchronous
+    KeyboardInterrupt (UserRun.interrupt's fallback). Decided in the io
+    thread and raised a moment later, it used to land after the cell had
+    ended: in the reply sent from the main thread (which the io run then
+    sent again: two execute_replies) or in trio's scheduler (the kernel
+    died). Found in review with a raw zmq client, 1-2 times per 200 such
+    rounds in 4 of 7 runs; through jupyter_client's slower client the window
+    is rarely hit, so test_userrun forces it, and this stress checks the
+    whole kernel: each round such a cell, an interrupt_request right after
+    it (half the rounds once its reply was seen), then a plain cell that
+    must succeed; every cell gets exactly one reply; the kernel lives."""
+    import random
+
+    km, kc = start_kernel("trikernel-test-message")
+    cells = [  # the variants of the review's reproducer
+        "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); x = 1",
+        "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(0.002)",
+        "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); sum(range(30000))",
+        "import signal, trio; signal.signal(signal.SIGINT, signal.SIG_IGN); await trio.sleep(0.003)",
+    ]
+    replies: dict[str, int] = {}
+
+    def read_shell_until(msg_id: str) -> dict[str, Any]:
+        while True:
+            msg = kc.get_shell_msg(timeout=TIMEOUT)
+            parent = msg["parent_header"].get("msg_id", "")
+            replies[parent] = replies.get(parent, 0) + 1
+            if parent == msg_id:
+                return msg
+
+    try:
+        problems = []
+        for i in range(200):
+            a = kc.execute(cells[i % 4], stop_on_error=False)  # an interrupted a must not abort b
+            if i % 2:
+                read_shell_until(a)
+            else:
+                time.sleep(random.random() * 0.005)
+            msg = kc.session.msg("interrupt_request", {})
+            kc.control_channel.send(msg)
+            while kc.control_channel.get_msg(timeout=TIMEOUT)["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+                pass
+            b = kc.execute("'next'")
+            # a reply to a sent twice leaves before b's: the lane serves one request at a time
+            r = read_shell_until(b)
+            collect_outputs(kc, b)
+            if r["content"]["status"] != "ok":
+                problems.append((i, "next cell", r["content"].get("ename")))
+            if replies.get(a) != 1:
+                problems.append((i, "replies", replies.get(a)))
+        assert not problems, problems[:5]
+        assert km.is_alive()
+    finally:
+        stop_kernel(km, kc)

@@ -717,3 +717,57 @@ def test_an_interrupt_landing_after_the_job_code_still_tells_the_io_run(caplog: 
     with caplog.at_level(logging.INFO, logger="trikernel.userrun"):
         drive(script)
     assert "interrupt after the job's code returned: ignored" in caplog.text
+
+
+def test_an_async_interrupt_decided_as_the_job_ends_never_lands_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback for code that disabled SIGINT (an asynchronous
+    KeyboardInterrupt) is decided and raised under the lock that also ends
+    the job (_end_of_job), which drops one raised but not yet delivered:
+    so it never lands after the job's code, in its reply (the io run then
+    sent the reply again) or in trio's scheduler (the kernel died). Found in
+    review; forced here: interrupt() is held between its check and its
+    raise while the job's code returns, and the reply then runs Python for
+    0.2 s, where a late KeyboardInterrupt would land. (If the interrupt is
+    delivered inside _end_of_job, before the drop, the job is over, the io
+    run sends the reply: one reply either way.)"""
+    in_job = threading.Event()
+    armed = threading.Event()  # only interrupt()'s call is held (trio.run asks too)
+    checked = threading.Event()
+    seen: dict[str, Any] = {}
+    real_getsignal = signal.getsignal
+
+    def slow_getsignal(signum: Any) -> Any:
+        if armed.is_set() and threading.current_thread().name == "fake-io-run":
+            checked.set()  # past interrupt()'s busy check
+            time.sleep(0.1)  # the job's code returns meanwhile
+            return signal.SIG_IGN  # "disabled by user code": the asynchronous fallback
+        return real_getsignal(signum)
+
+    async def fn() -> str:
+        in_job.set()
+        assert spin_until(checked)
+        return "ok"
+
+    def reply(result: Any) -> int:
+        deadline = time.monotonic() + 0.2
+        try:
+            while time.monotonic() < deadline:
+                pass
+        except KeyboardInterrupt:
+            seen["late"] = True
+            raise
+        return 1
+
+    async def script(io: IoSide) -> None:
+        job = Job(fn, reply)
+        io.user_run.start_job_soon(job)
+        await io.wait(in_job)
+        armed.set()
+        io.user_run.interrupt()  # in the io run, as the dispatcher calls it
+        await io.done(job)
+        seen["next"] = (await io.run(checkpoints)).error
+
+    monkeypatch.setattr(signal, "getsignal", slow_getsignal)
+    drive(script)
+    assert "late" not in seen
+    assert seen["next"] is None

@@ -162,15 +162,14 @@ class SubshellRun(UserRun):
         with no checkpoint: raise KeyboardInterrupt in the thread."""
         steps, self._interrupt_steps = self._interrupt_steps, None
         watch = self._watch
-        if steps is None or not self.busy or not watch.stepping or watch.steps != steps:
-            return
         ident = self.thread.ident
-        if ident is None:
-            return
-        if self._runner is not None:
-            self._runner.ki_pending = False  # delivered here instead, not again at the next checkpoint
-        log.info("subshell %s: raising KeyboardInterrupt in running code", self.subshell_id)
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+        with self._interrupt_lock:  # the cell cannot end between the check and the raise (_end_of_job)
+            if steps is None or not self.busy or not watch.stepping or watch.steps != steps or ident is None:
+                return
+            if self._runner is not None:
+                self._runner.ki_pending = False  # delivered here instead, not again at the next checkpoint
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+        log.info("subshell %s: raised KeyboardInterrupt in running code", self.subshell_id)
 
 
 class SubshellRegistry:

@@ -110,12 +110,24 @@ class Job:
                     self._send_reply()
             except KeyboardInterrupt:
                 # an asynchronous interrupt (UserRun.interrupt's fallback when
-                # user code disabled SIGINT) asked for while the job ran, landing
-                # after its code returned: the request is over; the io run must
-                # still be told (a reply the thread had not sent, it sends)
+                # user code disabled SIGINT) raised while the job ran, landing
+                # after its code returned, before the job stopped being
+                # interruptible: the request is over; the io run must still be
+                # told (a reply the thread had not sent, it sends)
                 log.info("interrupt after the job's code returned: ignored")
             finally:
+                self._finish_surely()
+
+    def _finish_surely(self) -> None:
+        """:meth:`_finish`, also when an asynchronous interrupt lands in it (a
+        concurrent job is interruptible up to here): the io run is always
+        told (Event.set twice is harmless)."""
+        while True:
+            try:
                 self._finish()
+                return
+            except KeyboardInterrupt:
+                log.info("interrupt while telling the io run a job ended: ignored")
 
     def _send_reply(self) -> None:
         assert self._reply is not None
@@ -160,6 +172,11 @@ class UserRun:
         self.stopping = False
         self._send: trio.MemorySendChannel[Job | _Stop] | None = None
         self._trio_sigint: Any = None  # trio's SIGINT handler (wrapped), once the run is up
+        #: held while deciding whether a job may be interrupted and raising it
+        #: (interrupt), and while a job stops being interruptible
+        #: (_end_of_job): an asynchronous KeyboardInterrupt is never raised in
+        #: a job that has ended, so never in its reply or in the scheduler
+        self._interrupt_lock = threading.Lock()
         #: called (main thread, from the SIGINT handler or interrupt()) on every
         #: interrupt of this run, before it is delivered: the kernel interrupts
         #: its busy subshells there. Must be quick and must not raise.
@@ -218,16 +235,21 @@ class UserRun:
         """
         main = threading.main_thread().ident
         assert main is not None
-        if not self._interruptible:
+        with self._interrupt_lock:  # the job cannot end between the check and the raise
+            if not self._interruptible:
+                how = "idle"
+            elif signal.getsignal(signal.SIGINT) in (signal.SIG_DFL, signal.SIG_IGN, None):
+                how = "async"
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(KeyboardInterrupt))
+            else:
+                how = "signal"  # the handler checks again when it runs (_wrap_sigint)
+                signal.pthread_kill(main, signal.SIGINT)
+        if how == "idle":
             self._ignore_idle_interrupt()
-            return
-        if signal.getsignal(signal.SIGINT) in (signal.SIG_DFL, signal.SIG_IGN, None):
-            log.warning("SIGINT is disabled by user code; raising KeyboardInterrupt in the main thread instead")
+        elif how == "async":
+            log.warning("SIGINT is disabled by user code; raised KeyboardInterrupt in the main thread instead")
             if self.on_interrupt is not None:
                 self.on_interrupt()
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(KeyboardInterrupt))
-            return
-        signal.pthread_kill(main, signal.SIGINT)
 
     # -- main thread -------------------------------------------------------------
     def run(self, setup: Callable[[trio.Nursery], None], on_ready: Callable[[], None]) -> None:
@@ -298,7 +320,9 @@ class UserRun:
         handler is back, and an interrupt from now on belongs to no job, so
         it is ignored, never held for the next one."""
         self._restore_sigint()
-        self.busy = False
+        with self._interrupt_lock:
+            self.busy = False
+            _clear_async_interrupt()  # one raised just before this line, not yet delivered
 
     def _wrap_sigint(self, trio_handler: Any) -> Any:
         """Install a SIGINT handler that calls :attr:`on_interrupt`, then
@@ -326,7 +350,10 @@ class UserRun:
         try:
             await job.run()
         finally:
-            self._concurrent -= 1
+            with self._interrupt_lock:
+                self._concurrent -= 1
+                if not self._interruptible:
+                    _clear_async_interrupt()
 
     @property
     def _interruptible(self) -> bool:
@@ -351,6 +378,13 @@ class UserRun:
         if current is not self._trio_sigint:
             signal.signal(signal.SIGINT, self._trio_sigint)
             log.info("SIGINT disposition was changed by user code (%r); restored so interrupts keep working", current)
+
+
+def _clear_async_interrupt() -> None:
+    """Drop an asynchronous exception raised in this thread and not yet
+    delivered (``PyThreadState_SetAsyncExc`` with NULL). Call with
+    ``UserRun._interrupt_lock`` held."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
 
 
 def _only_interrupts(exc: BaseException) -> bool:
