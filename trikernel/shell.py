@@ -14,7 +14,7 @@ import base64
 import logging
 import os
 import sys
-import threading
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -335,6 +335,17 @@ def create_shell(publisher: Publisher) -> TrikernelShell:
     shell.ast_transformers.append(awaitmagics.AwaitInMagics(shell))  # await under %time, %timeit, %%capture
     shell._last_traceback = []
     shell._formatting_error = None
+    # IPython makes ProvisionalCompleterWarning an error (completer.py) that
+    # provisionalcompleter() lifts with warnings.catch_warnings, which swaps
+    # the process's filter list: a completion on another thread (a subshell)
+    # that leaves it first puts the error back under the one still inside,
+    # which then fails (about 2 in 300 concurrent completions). Ignored
+    # process-wide instead, ahead of IPython's filter; every list a
+    # catch_warnings saves then holds it. (A lock around completions would
+    # hold up every shell behind one slow completion, user code included.)
+    from IPython.core.completer import ProvisionalCompleterWarning
+
+    warnings.filterwarnings("ignore", category=ProvisionalCompleterWarning)
     return shell
 
 
@@ -428,50 +439,45 @@ async def execute(
     return reply
 
 
-#: Scheduler passes at most at the end of a cell for the tasks and
-#: callbacks it left runnable (_end_of_cell_checkpoint); bounds the cost
-#: when a background task is always runnable.
-END_OF_CELL_PASSES = 8
+#: Seconds the end of a cell waits at most for the tasks it left runnable
+#: to block (_end_of_cell_checkpoint): bounds the cost when a background
+#: task never blocks.
+END_OF_CELL_WAIT = 0.001
 
 
 async def _end_of_cell_checkpoint() -> None:
     """The checkpoint after a cell's code, inside the request (so before
     its fd flush, reply and idle). Two jobs:
 
-    - tasks the cell has just started (``nursery.start_soon``) and
-      callbacks queued meanwhile (a comm handler arriving during a sync
-      cell) take their first step here, so what they print before their
-      first await is this cell's output, before its idle (clients such as
-      nbclient stop reading at idle). Checkpoints repeat while other tasks
-      are runnable (at most END_OF_CELL_PASSES), then once more: trio runs
-      a batch in random order, so after one checkpoint a task started by
-      the cell may still be behind this one in the batch;
+    - tasks the cell has started (``nursery.start_soon``), the tasks they
+      start, and callbacks queued meanwhile (a comm handler arriving during
+      a sync cell) run until they block, so what they print before their
+      first real wait is this cell's output, before its idle (clients such
+      as nbclient stop reading at idle). ``trio.testing.
+      wait_all_tasks_blocked`` waits for that (trio runs a batch in random
+      order and does not expose it, so counting runnable tasks misses a
+      task behind this one in the batch), at most END_OF_CELL_WAIT;
     - an interrupt that came while the cell waited on something trio cannot
       abort (``trio.to_thread.run_sync`` without ``abandon_on_cancel``) is
       pending until a checkpoint: it is taken here, as this cell's, not
       later as an "idle" interrupt.
 
-    With nothing runnable and nothing queued, no full checkpoint:
+    With nothing runnable and nothing queued, no trip through the scheduler:
     ``checkpoint_if_cancelled`` still raises a pending interrupt (trio
     checkpoints for the main task when one is pending) or cancellation. A
-    full checkpoint is a trip through the scheduler and epoll, whose
-    syscall lets the io thread take the GIL, on the path of every reply
-    (issue 12).
+    full checkpoint is a trip through epoll, whose syscall lets the io
+    thread take the GIL, on the path of every reply (issue 12). Tasks
+    started from a subshell's cell run in the main user run and are not
+    waited for here.
     """
-    if not _others_pending():
+    stats = trio.lowlevel.current_statistics()
+    if not (stats.tasks_runnable or stats.run_sync_soon_queue_size):
         await trio.lowlevel.checkpoint_if_cancelled()
         return
-    for _ in range(END_OF_CELL_PASSES):
-        await trio.lowlevel.checkpoint()
-        if not _others_pending():
-            break
-    await trio.lowlevel.checkpoint()
+    from trio.testing import wait_all_tasks_blocked  # loaded on the first cell that needs it
 
-
-def _others_pending() -> bool:
-    """Tasks runnable, or callbacks queued (``run_sync_soon``), in this trio run."""
-    stats = trio.lowlevel.current_statistics()
-    return bool(stats.tasks_runnable or stats.run_sync_soon_queue_size)
+    with trio.move_on_after(END_OF_CELL_WAIT):
+        await wait_all_tasks_blocked()
 
 
 def _ename(err: BaseException | None) -> str:
@@ -486,25 +492,17 @@ def _ename(err: BaseException | None) -> str:
     return type(err).__name__
 
 
-#: One completion at a time, whichever shell asks (subshells complete on
-#: their own threads): IPython's provisionalcompleter() swaps the process's
-#: warning filters (warnings.catch_warnings), so a completion on another
-#: thread that exits first puts back the filter that turns
-#: ProvisionalCompleterWarning into an error for this one.
-_COMPLETING = threading.Lock()
-
-
 def complete(shell: TrikernelShell, content: dict[str, Any]) -> dict[str, Any]:
     """``complete_request`` content → reply content (messaging spec
     "Completion"), with IPython's completer; any thread that runs a shell
-    lane (serialised by _COMPLETING)."""
+    lane, several at once (subshells; see create_shell on the warning filter)."""
     from IPython.core.completer import provisionalcompleter, rectify_completions
 
     code = content.get("code", "")
     cursor_pos = content.get("cursor_pos")
     if cursor_pos is None:
         cursor_pos = len(code)
-    with _COMPLETING, provisionalcompleter():
+    with provisionalcompleter():
         raw = shell.Completer.completions(code, cursor_pos)
         completions = list(rectify_completions(code, raw))
     comps = [
