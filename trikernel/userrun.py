@@ -175,7 +175,8 @@ class UserRun:
         #: held while deciding whether a job may be interrupted and raising it
         #: (interrupt), and while a job stops being interruptible
         #: (_end_of_job): an asynchronous KeyboardInterrupt is never raised in
-        #: a job that has ended, so never in its reply or in the scheduler
+        #: a job that has ended; one raised just before is taken right there
+        #: (_take_late_interrupt), so never in its reply or in the scheduler
         self._interrupt_lock = threading.Lock()
         #: called (main thread, from the SIGINT handler or interrupt()) on every
         #: interrupt of this run, before it is delivered: the kernel interrupts
@@ -320,9 +321,13 @@ class UserRun:
         handler is back, and an interrupt from now on belongs to no job, so
         it is ignored, never held for the next one."""
         self._restore_sigint()
-        with self._interrupt_lock:
+        try:
+            with self._interrupt_lock:
+                self.busy = False
+            _take_late_interrupt()
+        except KeyboardInterrupt:
             self.busy = False
-            _clear_async_interrupt()  # one raised just before this line, not yet delivered
+            log.info("interrupt raised as the job ended: ignored")
 
     def _wrap_sigint(self, trio_handler: Any) -> Any:
         """Install a SIGINT handler that calls :attr:`on_interrupt`, then
@@ -350,10 +355,12 @@ class UserRun:
         try:
             await job.run()
         finally:
-            with self._interrupt_lock:
-                self._concurrent -= 1
-                if not self._interruptible:
-                    _clear_async_interrupt()
+            try:
+                with self._interrupt_lock:
+                    self._concurrent -= 1
+                _take_late_interrupt()
+            except KeyboardInterrupt:
+                log.info("interrupt raised as a comm handler ended: ignored")
 
     @property
     def _interruptible(self) -> bool:
@@ -380,11 +387,16 @@ class UserRun:
             log.info("SIGINT disposition was changed by user code (%r); restored so interrupts keep working", current)
 
 
-def _clear_async_interrupt() -> None:
-    """Drop an asynchronous exception raised in this thread and not yet
-    delivered (``PyThreadState_SetAsyncExc`` with NULL). Call with
-    ``UserRun._interrupt_lock`` held."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
+def _take_late_interrupt() -> None:
+    """A Python call, made inside ``try``/``except KeyboardInterrupt`` right
+    after a job stopped being interruptible: CPython delivers a pending
+    asynchronous exception at the start of a Python function (its RESUME
+    checks the eval breaker), so one raised just before the job ended
+    (UserRun.interrupt holds the lock while it raises) lands here, where it
+    is dropped, and not later in the reply or trio's scheduler. Not
+    ``PyThreadState_SetAsyncExc(id, NULL)``: with nothing pending, CPython
+    3.11 leaves the interpreter's async-exception signal set for good, and
+    the debugger's tests then timed out."""
 
 
 def _only_interrupts(exc: BaseException) -> bool:
