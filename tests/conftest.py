@@ -201,6 +201,27 @@ def _wait_shell_ready(km: KernelManager, kc: BlockingKernelClient, timeout: floa
     raise RuntimeError(f"Kernel didn't respond in {timeout} seconds")
 
 
+def _wait_ready(km: KernelManager, kc: BlockingKernelClient, timeout: float) -> None:
+    """jupyter_client's wait_for_ready without its stale replies: a
+    ``kernel_info_reply`` to *our* request on shell, then a message on
+    IOPub (trikernel welcomes each subscriber, JEP 65, and holds what it
+    published before one came: docs/iopub.md); one more round each second
+    until IOPub speaks. wait_for_ready sends a new kernel_info whenever one
+    goes unanswered for a second, so under load it left replies queued on
+    shell, and a test's next ``get_shell_msg`` read one (CI: a reply to an
+    earlier kernel_info where an execute_reply was expected). Raises
+    RuntimeError as wait_for_ready does."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _wait_shell_ready(km, kc, max(0.1, deadline - time.monotonic()))
+        try:
+            kc.get_iopub_msg(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+            return
+        except queue.Empty:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"IOPub did not connect within {timeout} seconds") from None
+
+
 def start_kernel(
     kernel_name: str = "trikernel",
     *,
@@ -236,7 +257,7 @@ def start_kernel(
         kc.start_channels(iopub=iopub, stdin=stdin)
         try:
             if iopub:
-                kc.wait_for_ready(timeout=TIMEOUT)
+                _wait_ready(km, kc, TIMEOUT)
             else:
                 _wait_shell_ready(km, kc, TIMEOUT)
         except RuntimeError:
