@@ -173,6 +173,10 @@ class FdCapture:
         err.buf = err_buf = os.memfd_create("trikernel-fd2", os.MFD_CLOEXEC)
         self._state = os.memfd_create("trikernel-fd-state", os.MFD_CLOEXEC)
         os.ftruncate(self._state, _STATE_SIZE)  # mapped below: every byte read must exist
+        # "busy" until the relay runs (it clears busy and gaps when it starts):
+        # the first flushes ask it, and so wait until it runs, as with the empty
+        # memfd the pread of earlier versions read
+        os.pwrite(self._state, b"\1", _BUSY)
         ctl_r, self._ctl = os.pipe()
         self._ack, ack_w = os.pipe()
         self._bell, bell_w = os.pipe()
@@ -327,7 +331,9 @@ class FdCapture:
         clear — it is set before each pipe read and cleared after the
         append, so a byte that left a pipe before the first check is in a
         memfd unless the byte is set — and no drop notice due (the relay
-        writes it when asked). The state bytes are read from a shared
+        writes it when asked). The busy byte starts set (the relay clears it
+        when it runs), so flushes before then ask the relay and wait for it.
+        The state bytes are read from a shared
         mapping of the state memfd, which the relay writes with ``pwrite``: the
         same page, no syscall (issue 12: each syscall on the path before a
         reply lets the io thread take the GIL)."""
