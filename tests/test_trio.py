@@ -894,7 +894,9 @@ def test_restart_gives_fresh_nursery(jupyter_path, tmp_path):
     try:
         start_guard(kc, marker)
         reply, out = execute(kc, "before_restart = 1\nlen(nursery.child_tasks)")
-        assert result_text(out) == "1"
+        # seen once in CI (0 tasks, cause not found in 20 runs here, with load):
+        # say what the cell saw and whether the guard's finally ran
+        assert result_text(out) == "1", ([m["msg_type"] for m in out], out, marker.exists())
         t0 = time.monotonic()
         km.restart_kernel(now=False)
         kc.wait_for_ready(timeout=TIMEOUT)
