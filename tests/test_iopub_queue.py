@@ -186,6 +186,15 @@ async def running(rig: Rig) -> AsyncIterator[trio.Nursery]:
         n.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def welcomed(rig: Rig, sub: zmq.Socket) -> AsyncIterator[tuple[Reader, trio.Nursery]]:
+    """The publisher running, and a Reader of ``sub`` past its welcome."""
+    r = Reader(sub)
+    async with running(rig) as nursery:
+        await r.read_until(lambda m: len(r.welcomes()) >= 1, 5)
+        yield r, nursery
+
+
 def count_is(n: int) -> Callable[[list[Message]], bool]:
     return lambda msgs: sum(m.msg_type != "iopub_welcome" for m in msgs) >= n
 
@@ -272,9 +281,7 @@ def test_thread_flood_is_coalesced_in_order(rig_factory: Any) -> None:
         rig.queue.send_from_thread(rig.msg("status", {"execution_state": "idle"}))
 
     async def main() -> None:
-        r = Reader(sub)
-        async with running(rig) as n:
-            await r.read_until(lambda m: len(r.welcomes()) >= 1, 5)
+        async with welcomed(rig, sub) as (r, n):
             n.start_soon(trio.to_thread.run_sync, flood)
             await r.read_until(lambda m: any(x.msg_type == "status" for x in m), 30)
         texts = [t for _, t, _ in streams(r.non_welcome())]
@@ -290,9 +297,7 @@ def test_first_write_leaves_promptly(rig_factory: Any) -> None:
     sub = rig.subscriber()
 
     async def main() -> None:
-        r = Reader(sub)
-        async with running(rig):
-            await r.read_until(lambda m: len(r.welcomes()) >= 1, 5)
+        async with welcomed(rig, sub) as (r, _):
             t0 = time.monotonic()
             await trio.to_thread.run_sync(
                 lambda: (rig.queue.write_stream("stdout", "hello", {}), rig.queue.write_stream("stdout", "\n", {}))
@@ -317,9 +322,7 @@ def test_sealing_ends_the_hold_on_an_open_stream_batch(rig_factory: Any, monkeyp
     sub = rig.subscriber()
 
     async def main() -> None:
-        r = Reader(sub)
-        async with running(rig):
-            await r.read_until(lambda m: len(r.welcomes()) >= 1, 5)
+        async with welcomed(rig, sub) as (r, _):
             await trio.to_thread.run_sync(lambda: rig.queue.write_stream("stdout", "line\n", {}))
             await trio.sleep(0.2)  # the task now holds the open batch (it waits 30 s for more text)
             assert not streams(r.msgs)
@@ -341,9 +344,7 @@ def test_a_lone_message_after_a_pause_is_not_held_back(rig_factory: Any, monkeyp
     sub = rig.subscriber()
 
     async def main() -> None:
-        r = Reader(sub)
-        async with running(rig):
-            await r.read_until(lambda m: len(r.welcomes()) >= 1, 5)
+        async with welcomed(rig, sub) as (r, _):
             await trio.sleep(0.1)  # a pause longer than BURST_GAP
             await trio.to_thread.run_sync(lambda: rig.queue.send_from_thread(rig.display(7)))
             await r.read_until(count_is(1), 10)
@@ -369,9 +370,7 @@ def test_fifo_across_thread_producers(rig_factory: Any) -> None:
                 rig.queue.write_stream("stdout", f"{t}:{i}\n", {"msg_id": f"t{t}"})
 
     async def main() -> None:
-        r = Reader(sub)
-        async with running(rig):
-            await r.read_until(lambda m: len(r.welcomes()) >= 1, 5)
+        async with welcomed(rig, sub) as (r, _):
             async with trio.open_nursery() as n:
                 for t in range(n_threads):
                     n.start_soon(trio.to_thread.run_sync, produce, t)
@@ -496,9 +495,7 @@ def test_nodrop_waits_for_slow_subscriber_without_loss(rig_factory: Any) -> None
     n = 2000
 
     async def main() -> None:
-        r = Reader(sub)
-        async with running(rig) as nursery:
-            await r.read_until(lambda m: len(r.welcomes()) >= 1, 5)
+        async with welcomed(rig, sub) as (r, nursery):
 
             async def produce() -> None:
                 for i in range(n):
@@ -902,9 +899,7 @@ def test_the_quiet_window_holds_messages_until_a_status_ends_it(rig_factory: Any
     sub = rig.subscriber()
 
     async def main() -> None:
-        r = Reader(sub)
-        async with running(rig):
-            await r.read_until(lambda m: len(r.welcomes()) >= 1, 5)
+        async with welcomed(rig, sub) as (r, _):
             rig.queue.quiet(30.0)
             await trio.to_thread.run_sync(lambda: [rig.queue.send_from_thread(rig.display(i)) for i in range(2)])
             await r.read_for(0.3)
@@ -923,9 +918,7 @@ def test_the_quiet_window_ends_by_itself(rig_factory: Any) -> None:
     sub = rig.subscriber()
 
     async def main() -> None:
-        r = Reader(sub)
-        async with running(rig):
-            await r.read_until(lambda m: len(r.welcomes()) >= 1, 5)
+        async with welcomed(rig, sub) as (r, _):
             rig.queue.quiet(0.05)
             await trio.to_thread.run_sync(lambda: rig.queue.send_from_thread(rig.display(5)))
             await r.read_until(count_is(1), 10)  # no status came: the window ran out
