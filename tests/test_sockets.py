@@ -103,6 +103,11 @@ class TrioSocketAdapter:
     def __init__(self, sock: zmq.Socket[Any]):
         self._s = TrioSocket(sock, "test")
 
+    @property
+    def socket(self) -> TrioSocket:
+        """The TrioSocket itself (for what only it has: send_from_thread)."""
+        return self._s
+
     async def recv(self) -> list[bytes]:
         return await self._s.recv_multipart()
 
@@ -269,42 +274,49 @@ def test_zmq_fd_edge_is_reset_by_reading_events(pair: Pair) -> None:
 RACES = 500
 
 
+async def forced_races(a: Adapter, pair: Pair, send: Callable[[list[bytes]], None]) -> int:
+    """RACES forced races: a message arrives (the FD is readable) while the
+    reader waits, and before the run can wake the reader, ``send`` on the
+    same socket consumes the edge. Asserts the reader still gets every
+    message and the peer every reply; returns how many sends really
+    consumed the edge (the test is only worth something if most did)."""
+    await connected(a, pair.peer)
+    forced = 0
+    got: list[list[bytes]] = []
+
+    async def reader() -> None:
+        got.append(await a.recv())
+
+    for i in range(RACES):
+        got.clear()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()  # the reader waits on ZMQ_FD
+            pair.peer.send_multipart([b"req", b"%d" % i])
+            # block the run (no checkpoint) until libzmq signals the FD ...
+            assert pair.fd_readable(DEADLINE), "the request never arrived"
+            # ... then send: each adapter reads ZMQ_EVENTS after a send,
+            # which resets the FD, so the run never sees it readable (a
+            # bare send resets it only when libzmq's command throttle
+            # lets it process commands: a few sends in a hundred)
+            send([IDENTITY, b"rep", b"%d" % i])
+            forced += not pair.fd_readable()
+        assert got == [[IDENTITY, b"req", b"%d" % i]]
+    for i in range(RACES):
+        assert pair.peer.recv_multipart() == [b"rep", b"%d" % i]
+    return forced
+
+
 @pytest.mark.parametrize("adapter", adapters())
 def test_send_while_reader_waits_loses_no_message(adapter: AdapterType, pair: Pair) -> None:
-    """500 forced races: a message arrives (the FD is readable) while the reader
-    waits, and before the run can wake the reader, a send on the same socket
-    consumes the edge. The reader must still get the message."""
-    forced = 0
+    """500 forced races (forced_races), the send made by the run itself."""
+    forced: list[int] = []
 
     async def body(a: Adapter) -> None:
-        nonlocal forced
-        await connected(a, pair.peer)
-        got: list[list[bytes]] = []
-
-        async def reader() -> None:
-            got.append(await a.recv())
-
-        for i in range(RACES):
-            got.clear()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(reader)
-                await trio.testing.wait_all_tasks_blocked()  # the reader waits on ZMQ_FD
-                pair.peer.send_multipart([b"req", b"%d" % i])
-                # block the run (no checkpoint) until libzmq signals the FD ...
-                assert pair.fd_readable(DEADLINE), "the request never arrived"
-                # ... then send: each adapter reads ZMQ_EVENTS after a send,
-                # which resets the FD, so the run never sees it readable (a
-                # bare send resets it only when libzmq's command throttle
-                # lets it process commands: a few sends in a hundred)
-                a.send([IDENTITY, b"rep", b"%d" % i])
-                forced += not pair.fd_readable()
-            assert got == [[IDENTITY, b"req", b"%d" % i]]
-        for i in range(RACES):
-            assert pair.peer.recv_multipart() == [b"rep", b"%d" % i]
+        forced.append(await forced_races(a, pair, a.send))
 
     run(adapter, pair.router, body)
-    # the test is only worth something if the edge really was consumed
-    assert forced >= RACES // 2, f"only {forced} of {RACES} sends consumed the edge"
+    assert forced[0] >= RACES // 2, f"only {forced[0]} of {RACES} sends consumed the edge"
 
 
 def test_send_from_another_thread_while_reader_waits_loses_no_message(pair: Pair) -> None:
@@ -312,43 +324,23 @@ def test_send_from_another_thread_while_reader_waits_loses_no_message(pair: Pair
     that ran the request): the same 500 forced races, the send made by
     another thread while the run is blocked. That send consumes the FD edge
     too; it must wake the reader through the run's token."""
-    sock = TrioSocket(pair.router, "test")
-    forced = 0
+    forced: list[int] = []
 
-    async def main() -> None:
-        nonlocal forced
+    async def body(a: Adapter) -> None:
+        assert isinstance(a, TrioSocketAdapter)
         token = trio.lowlevel.current_trio_token()
-        with trio.fail_after(DEADLINE):
-            pair.peer.send_multipart([b"hello"])
-            assert await sock.recv_multipart() == [IDENTITY, b"hello"]
-            got: list[list[bytes]] = []
 
-            async def reader() -> None:
-                got.append(await sock.recv_multipart())
+        def send_in_a_thread(frames: list[bytes]) -> None:
+            sent: list[bool] = []
+            t = threading.Thread(target=lambda: sent.append(a.socket.send_from_thread(frames, token)))
+            t.start()
+            t.join(DEADLINE)  # the run stays blocked: only the token can wake the reader
+            assert sent == [True]
 
-            for i in range(RACES):
-                got.clear()
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(reader)
-                    await trio.testing.wait_all_tasks_blocked()  # the reader waits on ZMQ_FD
-                    pair.peer.send_multipart([b"req", b"%d" % i])
-                    assert pair.fd_readable(DEADLINE), "the request never arrived"
-                    sent: list[bool] = []
+        forced.append(await forced_races(a, pair, send_in_a_thread))
 
-                    def reply(i: int = i, sent: list[bool] = sent) -> None:
-                        sent.append(sock.send_from_thread([IDENTITY, b"rep", b"%d" % i], token))
-
-                    t = threading.Thread(target=reply)
-                    t.start()
-                    t.join(DEADLINE)  # the run stays blocked: only the token can wake the reader
-                    assert sent == [True]
-                    forced += not pair.fd_readable()
-                assert got == [[IDENTITY, b"req", b"%d" % i]]
-        for i in range(RACES):
-            assert pair.peer.recv_multipart() == [b"rep", b"%d" % i]
-
-    trio.run(main)
-    assert forced >= RACES // 2, f"only {forced} of {RACES} sends consumed the edge"
+    run(TrioSocketAdapter, pair.router, body)
+    assert forced[0] >= RACES // 2, f"only {forced[0]} of {RACES} sends consumed the edge"
 
 
 def test_send_from_thread_to_a_peer_that_is_gone_is_counted(pair: Pair) -> None:
