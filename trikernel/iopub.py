@@ -323,15 +323,19 @@ class IOPubQueue:
         if self.in_io_thread:
             raise RuntimeError("IOPubQueue.send_status_from_thread from the io thread; use send")
         with self._lock:
-            if self.closed:
-                return False
-            if self._free > 0:
-                self._free -= 1
-            elif self._overdraft < IO_OVERDRAFT:
-                self._overdraft += 1
-            else:
-                return False
-            self._append_locked((msg.msg_type, frames))
+            return not self.closed and self._append_with_overdraft_locked((msg.msg_type, frames))
+
+    def _append_with_overdraft_locked(self, item: _Item) -> bool:
+        """With the lock held: queue ``item`` on a credit, else on the io
+        overdraft (at most IO_OVERDRAFT past capacity); False, queueing
+        nothing, when neither is left."""
+        if self._free > 0:
+            self._free -= 1
+        elif self._overdraft < IO_OVERDRAFT:
+            self._overdraft += 1
+        else:
+            return False
+        self._append_locked(item)
         return True
 
     async def send(self, msg: Message) -> bool:
@@ -348,13 +352,7 @@ class IOPubQueue:
                 if self.closed:
                     self.stats.dropped_closed += 1
                     return False
-                if self._free > 0:
-                    self._free -= 1
-                    self._append_locked((msg.msg_type, frames))
-                    return True
-                if self._overdraft < IO_OVERDRAFT:
-                    self._overdraft += 1
-                    self._append_locked((msg.msg_type, frames))
+                if self._append_with_overdraft_locked((msg.msg_type, frames)):
                     return True
                 self.stats.producer_blocks += 1
                 if self._credit_returned is None:
