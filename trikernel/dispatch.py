@@ -515,7 +515,8 @@ class Dispatcher:
         self, fn: Callable[[], Awaitable[Any]], *, concurrent: bool = False, reply: Callable[[Any], int] | None = None
     ) -> Job:
         """:meth:`in_user_run`, returning the finished Job (``reply``: see
-        :class:`~trikernel.userrun.Job`; ``job.replied`` says if it was sent)."""
+        :class:`~trikernel.userrun.Job`; with a :class:`_ThreadReply`, its
+        ``sent`` says what left from the user run)."""
         await _when_set(self._jobs_ready)
         lane = _serving.get() or self._main_lane  # the main shell's outside the shell lanes
         await _when_set(lane.ready)
