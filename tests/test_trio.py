@@ -406,13 +406,6 @@ def test_a_task_the_cell_starts_takes_its_first_step_before_idle(kernel):
         reply, out = execute(kc, f"nursery.start_soon(first_step, {i})")
         ok(reply)
         assert stdout_of(out) == f"first step {i}\n"
-    # tasks those tasks start, a chain of four (counting runnable tasks missed these)
-    chain = "async def chain(n, i):\n    nursery.start_soon(chain, n - 1, i) if n else print('chain end', i)"
-    ok(execute(kc, chain)[0])
-    for i in range(10):
-        reply, out = execute(kc, f"nursery.start_soon(chain, 4, {i})")
-        ok(reply)
-        assert stdout_of(out) == f"chain end {i}\n"
 
 
 def test_background_display_and_stderr_go_to_their_cell(fresh):
