@@ -74,7 +74,10 @@ class IoSide:
 
 
 def drive(
-    script: Script, *, user_run: UserRun | None = None, setup: Callable[[trio.Nursery], None] | None = None
+    script: Script,
+    *,
+    user_run: UserRun | None = None,
+    setup: Callable[[trio.Nursery], Awaitable[None] | None] | None = None,
 ) -> UserRun:
     """Run a UserRun on this (the main) thread until ``script``, run in a
     fake io run on a helper thread once the user run is ready, returns; the
@@ -173,6 +176,31 @@ def test_sequential_jobs_run_one_at_a_time_in_order() -> None:
     assert busy == [True] * 4
     # (not checked at job.done: busy drops just after the io run is told)
     assert not ur.busy
+
+
+def test_what_setup_returns_is_awaited_before_the_first_job() -> None:
+    """The user nursery's host is started by what set-up returns; a job
+    must not run before it has started. Seen before the fix: an
+    execute_request that came while IPython loaded ran first, and its
+    task landed in the run's nursery, not among ``nursery.child_tasks``."""
+    opened: list[str] = []
+
+    async def host(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await trio.sleep(0.05)  # its start takes more than one batch
+        opened.append("host")
+        task_status.started()
+        await trio.sleep_forever()
+
+    seen: list[list[str]] = []
+
+    async def first_job() -> None:
+        seen.append(list(opened))
+
+    async def script(io: IoSide) -> None:
+        await io.run(first_job)
+
+    drive(script, setup=lambda nursery: nursery.start(host))
+    assert seen == [["host"]]
 
 
 def test_a_failing_job_reports_its_error_and_the_lane_serves_on() -> None:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .messages import MessageBuilder
     from .shell import TrikernelShell
     from .stdinbridge import StdinBridge
+    from .usernursery import UserNursery
     from .wire import Message
 
 
@@ -62,6 +63,8 @@ class ShellJobs:
         self.comm_manager = comm_manager
         self.parents = parents
         self.stdin = stdin
+        #: trikernel.nursery (set by set_up); its host must be started
+        self.user_nursery: UserNursery | None = None
 
     @property
     def execution_count(self) -> int:
@@ -162,6 +165,8 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
     ``comm``, the user nursery, the magics, the output streams.
 
     Slow (IPython imports): the io run answers ``kernel_info`` meanwhile.
+    The user nursery's host is not started here: the caller awaits
+    ``nursery.start(jobs.user_nursery.host)`` before the first job.
     """
     import trikernel
 
@@ -187,7 +192,6 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
     shell.kernel = ShellKernel(deps.parents, comm_manager=comm_manager, shell=shell, session=deps.builder.session_id)
 
     un = UserNursery(nursery, shell.showtraceback)
-    nursery.start_soon(un.host)  # runs before any job: the loop checkpoints first
     trikernel.nursery = un
     held = trikernel._user_path_entry
     if held is not None and held not in sys.path:
@@ -199,4 +203,6 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
     info = deps.connection.to_dict() if deps.connection is not None else None
     magics.register_kernel_magics(shell, magics.ConnectionFile(info, deps.connection_file) if info else None)
     outstream.install(deps.queue, deps.parents, capture_fds=deps.capture_fds, fd_backlog=deps.fd_backlog_bytes)
-    return ShellJobs(shell, comm_manager, deps.parents, deps.stdin)
+    jobs = ShellJobs(shell, comm_manager, deps.parents, deps.stdin)
+    jobs.user_nursery = un
+    return jobs

@@ -40,6 +40,8 @@ from .userrun import UserRun
 from .wire import Signer
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from .config import ConnectionInfo, KernelConfig
     from .iorun import Service
     from .messagelog import MessageLog
@@ -205,9 +207,13 @@ class Kernel:
             self._finish()
         return self.exit_code
 
-    def _set_up_user_side(self, nursery: trio.Nursery) -> None:
+    def _set_up_user_side(self, nursery: trio.Nursery) -> Awaitable[None]:
+        """UserRun's set-up: build the user side; the user nursery's host is
+        started (awaited by UserRun) before the first job is taken."""
         self._jobs = set_up(nursery, self._user_side)
         register_magic(self._jobs.shell, self.subshells)
+        assert self._jobs.user_nursery is not None
+        return nursery.start(self._jobs.user_nursery.host)
 
     def _user_side_ready(self) -> None:
         assert self._jobs is not None

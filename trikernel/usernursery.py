@@ -33,22 +33,29 @@ class UserNursery:
     """A view of the kernel's user nursery that reports task errors."""
 
     def __init__(self, nursery: trio.Nursery, showtraceback: Callable[[tuple[type, BaseException, Any]], None]):
-        """``nursery``: the user run's nursery (until :meth:`host` opens the
-        tasks' own); ``showtraceback``: shows an error as an IOPub ``error``
+        """``nursery``: the user run's nursery (until :meth:`host` has
+        started and opened the tasks' own); ``showtraceback``: shows an error as an IOPub ``error``
         output (the shell's ``showtraceback``)."""
         self._nursery = nursery  # until host() runs: the user run's own nursery
         self._showtraceback = showtraceback
         self._token = trio.lowlevel.current_trio_token()  # the main user run's
 
-    async def host(self) -> None:
+    async def host(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hold the user tasks' nursery open; reopen it after a user cancels it.
 
-        Runs for the kernel's life in the user run; kernel shutdown cancels
-        it (and so every user task) from outside.
+        Runs for the kernel's life in the user run, started with
+        ``nursery.start`` before the first job (jobs.set_up): ``started()``
+        comes once the tasks' own nursery is open, so no cell's task lands
+        in the run's nursery instead (seen when an execute_request came
+        while IPython loaded: the first cell's task was not among
+        ``child_tasks`` and a cancel of ``cancel_scope`` missed it). Kernel
+        shutdown cancels it (and so every user task) from outside.
         """
         while True:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                task_status.started()
+                task_status = trio.TASK_STATUS_IGNORED
                 await trio.sleep_forever()
             # only a cancel of this nursery's own scope gets here
             log.info("user nursery cancelled by user code; a fresh one is open")

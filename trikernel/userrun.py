@@ -49,6 +49,10 @@ from .errors import KernelShuttingDown
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    #: The user side's set-up, called in the user run with its nursery
+    #: (UserRun.run); an awaitable it returns is awaited before jobs come.
+    Setup = Callable[[trio.Nursery], Awaitable[None] | None]
+
 log = logging.getLogger("trikernel.userrun")
 
 #: Sequential jobs buffered in the user run (the io side keeps <= 1 in flight).
@@ -253,10 +257,12 @@ class UserRun:
                 self.on_interrupt()
 
     # -- main thread -------------------------------------------------------------
-    def run(self, setup: Callable[[trio.Nursery], None], on_ready: Callable[[], None]) -> None:
+    def run(self, setup: Setup, on_ready: Callable[[], None]) -> None:
         """Run the user trio run until stop(); blocks the main thread.
 
-        ``setup(nursery)`` runs first (IPython is loaded there); then
+        ``setup(nursery)`` runs first (IPython is loaded there); what it
+        returns, if not None, is awaited next (tasks that must be running
+        before the first job, such as the user nursery's host); then
         ``on_ready()`` tells the io side that jobs may be submitted.
         """
         if self.on_main_thread:
@@ -271,7 +277,7 @@ class UserRun:
             if not (self.stopping and _only_interrupts(exc)):
                 raise
 
-    async def _main(self, setup: Callable[[trio.Nursery], None], on_ready: Callable[[], None]) -> None:
+    async def _main(self, setup: Setup, on_ready: Callable[[], None]) -> None:
         if self.on_main_thread:
             self._trio_sigint = self._wrap_sigint(signal.getsignal(signal.SIGINT))  # trio.run installed it
         send, recv = trio.open_memory_channel[Job | _Stop](SEQ_BUFFER)
@@ -279,9 +285,9 @@ class UserRun:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 if self.on_main_thread:
-                    _protected_setup(setup, nursery)
+                    await _protected_setup(setup, nursery)
                 else:
-                    setup(nursery)
+                    await _set_up(setup, nursery)
                 self._send = send
                 self.token = trio.lowlevel.current_trio_token()
                 if self.stopping:
@@ -406,7 +412,13 @@ def _only_interrupts(exc: BaseException) -> bool:
     return isinstance(exc, KeyboardInterrupt)
 
 
-def _protected_setup(setup: Callable[[trio.Nursery], None], nursery: trio.Nursery) -> None:
+async def _set_up(setup: Setup, nursery: trio.Nursery) -> None:
+    opening = setup(nursery)
+    if opening is not None:
+        await opening
+
+
+async def _protected_setup(setup: Setup, nursery: trio.Nursery) -> None:
     """Run the user side's set-up (IPython loads) with interrupts ignored.
 
     The io run answers kernel_info before IPython is loaded, so clients may
@@ -419,7 +431,7 @@ def _protected_setup(setup: Callable[[trio.Nursery], None], nursery: trio.Nurser
     # delivered now, to the ignoring handler
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
-        setup(nursery)
+        await _set_up(setup, nursery)
     finally:
         signal.signal(signal.SIGINT, previous)
 
