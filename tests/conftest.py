@@ -53,6 +53,30 @@ def _no_linger_by_default() -> None:
 
 _no_linger_by_default()
 
+
+def _no_term_from_the_collector() -> None:
+    """A Context the garbage collector finds is left open, not terminated.
+
+    ``Context.__del__`` calls ``destroy``, which closes the sockets it still
+    tracks and then ``term``. When the context and a socket of it are
+    garbage in one reference cycle, the collector clears the weak set of
+    sockets before it calls ``__del__``: the socket is not closed, and
+    ``term`` waits for it for good (pyzmq#1167), in C, where
+    pytest-timeout's signal cannot end it. Seen here: a worker hung in
+    ``Context.term`` under ``__del__`` during an import in
+    test_gateway_gp.py, and so held the whole run. The context's io
+    thread then lives until the test process exits. Tests close what
+    they use; kernels run in their own processes: not affected.
+    """
+
+    def __del__(self: zmq.Context[Any]) -> None:
+        return None
+
+    zmq.Context.__del__ = __del__  # type: ignore[method-assign]
+
+
+_no_term_from_the_collector()
+
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 DEBUG_TYPES = frozenset({"debug_request", "debug_reply", "debug_event"})
 
