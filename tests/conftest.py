@@ -8,11 +8,13 @@ message also checks its shape.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import queue
 import shutil
 import sys
+import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +78,61 @@ def _no_term_from_the_collector() -> None:
 
 
 _no_term_from_the_collector()
+
+SUITE_LOCK_WAIT = 1200.0  # s: longest a test waits for the suite lock (the holder has its own timeout)
+
+
+def _suite_lock_files() -> tuple[str, str] | None:
+    """The gate and room lock files shared by this run's pytest-xdist workers
+    (``PYTEST_XDIST_TESTRUNUID`` names the run); None when not under xdist."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        return None
+    base = os.path.join(tempfile.gettempdir(), f"trikernel-tests-{run}")
+    return base + "-gate.lock", base + "-room.lock"
+
+
+def _flock(f: Any, how: int, deadline: float, what: str) -> None:
+    while True:
+        try:
+            fcntl.flock(f, how | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"waited {SUITE_LOCK_WAIT:.0f} s for the suite lock ({what})") from None
+            time.sleep(0.05)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A test marked ``exclusive`` runs with no other test of the run beside it.
+
+    The crowd tests start 40 kernels at once on a 2-core machine; beside
+    them, other workers' tests with 5-30 s deadlines failed on loaded CI
+    runners (an interrupt answered late, a started task cut by the 1 ms
+    end-of-cell bound). Every test holds the "room" lock shared; an
+    exclusive one holds it alone. The "gate" gives the exclusive test
+    priority: it closes the gate while it waits, so no new test enters the
+    room ahead of it. Outermost hook (``tryfirst``), so the wait is not
+    counted in pytest-timeout's budget of either test.
+    """
+    files = _suite_lock_files()
+    if files is None:
+        yield
+        return
+    exclusive = item.get_closest_marker("exclusive") is not None
+    deadline = time.monotonic() + SUITE_LOCK_WAIT
+    with open(files[0], "a") as gate, open(files[1], "a") as room:
+        _flock(gate, fcntl.LOCK_EX, deadline, "gate")
+        try:
+            _flock(room, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, deadline, "room")
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+
 
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 DEBUG_TYPES = frozenset({"debug_request", "debug_reply", "debug_event"})

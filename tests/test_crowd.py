@@ -3,6 +3,9 @@
 The handshake provisioner must start every kernel; the default
 LocalProvisioner's failures in the same crowd are counted and reported (as
 a warning in the pytest summary), not asserted — they depend on timing.
+Each crowd runs alone (``exclusive``): beside it, other tests' deadlines
+measured the crowd's load, not the kernel. A worker that hangs dumps its
+stacks and ends (faulthandler) instead of outliving the test's timeout.
 """
 
 from __future__ import annotations
@@ -72,70 +75,102 @@ def test_stolen_port_classic_fails_fast_handshake_succeeds(specs, tmp_path, monk
         thief.close()
 
 
+WORKER_DEADLINE = 420  # s: the worker dumps every thread's stack and exits past this
+KERNEL_DEADLINE = 300  # s: one kernel's start, ready, 1+1 and shutdown, in the worker
+
 WORKER = textwrap.dedent(
     """
-    import asyncio, json, sys, time, traceback
+    import asyncio, faulthandler, json, sys, time
     from jupyter_client.manager import AsyncKernelManager
 
     kernel_name, count, start_at, out_path = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    faulthandler.dump_traceback_later(float(sys.argv[5]), exit=True)  # to stderr, every thread
 
-    async def one(i):
+    async def one(i, stage):
         km = AsyncKernelManager(kernel_name=kernel_name)
         try:
+            stage[i] = "start_kernel"
             await km.start_kernel()
             kc = km.client()
             kc.start_channels()
             try:
+                stage[i] = "wait_for_ready"
                 await kc.wait_for_ready(timeout=120)
+                stage[i] = "execute_interactive"
                 reply = await kc.execute_interactive("1+1", timeout=60)
                 ok = reply["content"]["status"] == "ok"
                 return {"ok": ok, "error": None if ok else str(reply["content"])}
             finally:
                 kc.stop_channels()
         except Exception as exc:
-            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            return {"ok": False, "error": f"{type(exc).__name__} in {stage[i]}: {exc}"[:300]}
         finally:
             try:
                 if km.has_kernel:
+                    stage[i] = "shutdown_kernel"
                     await km.shutdown_kernel(now=True)
             except Exception:
                 pass
 
+    async def bounded(i, stage, deadline):
+        try:
+            return await asyncio.wait_for(one(i, stage), deadline)
+        except asyncio.TimeoutError:
+            return {"ok": False, "error": f"no end within {deadline:.0f} s: stuck in {stage[i]}"}
+
     async def main():
         await asyncio.sleep(max(0.0, start_at - time.time()))
-        return await asyncio.gather(*(one(i) for i in range(count)))
+        stage = {}
+        return await asyncio.gather(*(bounded(i, stage, float(sys.argv[6])) for i in range(count)))
 
     results = asyncio.run(main())
     with open(out_path, "w") as f:
         json.dump(results, f)
+    print("worker done", file=sys.stderr, flush=True)
     """
 )
 
 
 def crowd(kernel_name: str, jupyter_path: str, tmp_path) -> tuple[list[dict], float]:
+    """Start PROCESSES x PER_PROCESS kernels at one instant; one result per
+    kernel, ``{"ok": bool, "error": str | None}``. A worker that hangs past
+    WORKER_DEADLINE is ended by its own faulthandler; its kernels count as
+    failures whose error holds the end of the stack dump."""
     start_at = time.time() + 3.0  # every process starts its kernels at this instant
     env = dict(os.environ, JUPYTER_PATH=jupyter_path)
     outs = [tmp_path / f"worker-{i}.json" for i in range(PROCESSES)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER, kernel_name, str(PER_PROCESS), str(start_at), str(out)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
-        for out in outs
-    ]
+    errs = [tmp_path / f"worker-{i}.err" for i in range(PROCESSES)]
+    deadlines = [str(WORKER_DEADLINE), str(KERNEL_DEADLINE)]
+    procs = []
+    for out, err in zip(outs, errs, strict=True):
+        with open(err, "w") as f:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", WORKER, kernel_name, str(PER_PROCESS), str(start_at), str(out), *deadlines],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=f,
+                    env=env,
+                )
+            )
     results: list[dict] = []
-    for p, out in zip(procs, outs, strict=False):
-        p.wait(timeout=500)
+    for p, out, err in zip(procs, outs, errs, strict=True):
+        try:
+            p.wait(timeout=WORKER_DEADLINE + 60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=30)
         if out.exists():
             results.extend(json.loads(out.read_text()))
         else:
-            results.extend([{"ok": False, "error": f"worker exited {p.returncode}"}] * PER_PROCESS)
+            tail = " | ".join(err.read_text(errors="replace").strip().splitlines()[-12:])
+            error = f"worker exited {p.returncode}: {tail}"[:2000]
+            results.extend([{"ok": False, "error": error}] * PER_PROCESS)
     return results, time.time() - start_at
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_crowd_start_through_the_handshake_provisioner(specs, tmp_path):
     results, wall = crowd("tk-handshake", specs, tmp_path)
     failures = [r["error"] for r in results if not r["ok"]]
@@ -145,6 +180,7 @@ def test_crowd_start_through_the_handshake_provisioner(specs, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_crowd_start_with_the_default_provisioner_is_reported(specs, tmp_path):
     results, wall = crowd("tk-classic", specs, tmp_path)
     failures = [r["error"] for r in results if not r["ok"]]
@@ -152,4 +188,7 @@ def test_crowd_start_with_the_default_provisioner_is_reported(specs, tmp_path):
     msg = f"default LocalProvisioner crowd start: {len(failures)} of {len(results)} kernels failed ({wall:.1f}s)"
     if failures:
         msg += f"; first error: {failures[0]}"
+    stuck = sorted({e for e in failures if e.startswith(("no end within", "worker exited"))})
+    if stuck:
+        msg += f"; stuck: {stuck}"
     warnings.warn(msg, stacklevel=1)
