@@ -15,11 +15,13 @@ import queue
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import zmq
+import zmq.sugar.context as zmq_context_module
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from jupyter_kernel_test.msgspec_v5 import msg_structure_validator, schema_fragments, validate_message
@@ -57,7 +59,7 @@ _no_linger_by_default()
 
 
 def _no_term_from_the_collector() -> None:
-    """A Context the garbage collector finds is left open, not terminated.
+    """A Context the garbage collector finds is terminated on a thread of its own.
 
     ``Context.__del__`` calls ``destroy``, which closes the sockets it still
     tracks and then ``term``. When the context and a socket of it are
@@ -66,13 +68,22 @@ def _no_term_from_the_collector() -> None:
     ``term`` waits for it for good (pyzmq#1167), in C, where
     pytest-timeout's signal cannot end it. Seen here: a worker hung in
     ``Context.term`` under ``__del__`` during an import in
-    test_gateway_gp.py, and so held the whole run. The context's io
-    thread then lives until the test process exits. Tests close what
-    they use; kernels run in their own processes: not affected.
+    test_gateway_gp.py, and so held the whole run. Here ``__del__`` closes
+    what it tracks (LINGER 0) and hands ``term`` to a daemon thread: the
+    collector then frees the rest of the cycle, the socket's own
+    ``__del__`` closes it, and ``term`` returns (200 such cycles: no hang,
+    no fd left; leaving the context open instead kept 5 fds per context,
+    and a CI run's client then failed with "Too many open files").
+    Kernels run in their own processes: not affected.
     """
 
     def __del__(self: zmq.Context[Any]) -> None:
-        return None
+        if getattr(self, "_shadow", False) or self.closed or zmq_context_module._exiting:
+            return  # pyzmq's own rule: nothing at process exit
+        for sock in list(getattr(self, "_sockets", None) or ()):
+            if not sock.closed:
+                sock.close(linger=0)
+        threading.Thread(target=self.term, name="zmq-term-from-gc", daemon=True).start()
 
     zmq.Context.__del__ = __del__  # type: ignore[method-assign]
 
