@@ -630,6 +630,38 @@ def test_interrupt_sync_cell(mode_kernel):
     ok(execute(kc, "x = 1")[0])
 
 
+def test_an_interrupt_caught_in_a_finalizer_still_stops_a_sync_cell(mode_kernel):
+    """trio counts a ``__del__`` frame as KI-protected: a SIGINT handled
+    there was held to the cell's next checkpoint, so a cell in sync code
+    ran on to its end (seen once in CI as a 30 s interrupt reply). Now it is
+    sent again once the finalizer is over, and the cell stops in its
+    sleep: what follows the sleep never runs."""
+    _mode, km, kc = mode_kernel
+    cell = code(
+        """
+        import time
+        class Slow:
+            def __del__(self):
+                print('waiting', flush=True)
+                time.sleep(3)
+        obj = Slow()
+        del obj
+        time.sleep(20)
+        print('ran on')
+        """
+    )
+    msg_id = kc.execute(cell)
+    seen: list[dict[str, Any]] = []
+    wait_for_stdout(kc, msg_id, "waiting", seen)  # the interrupt comes while __del__ sleeps
+    km.interrupt_kernel()
+    reply = reply_to(kc, msg_id, timeout=TIMEOUT)
+    c = reply["content"]
+    assert (c["status"], c["ename"]) == ("error", "KeyboardInterrupt"), c
+    out = seen + collect_outputs(kc, msg_id)
+    assert "ran on" not in stdout_of(out), stdout_of(out)
+    ok(execute(kc, "x = 1")[0])
+
+
 def test_interrupt_while_idle_is_harmless(mode_kernel):
     _mode, km, kc = mode_kernel
     with ticking(kc) as ticker_cell:

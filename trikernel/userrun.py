@@ -57,6 +57,8 @@ log = logging.getLogger("trikernel.userrun")
 
 #: Sequential jobs buffered in the user run (the io side keeps <= 1 in flight).
 SEQ_BUFFER = 4
+#: Seconds before an interrupt caught inside a ``__del__`` is sent again.
+REDELIVER_DELAY = 0.01
 
 
 class Job:
@@ -182,6 +184,8 @@ class UserRun:
         #: a job that has ended; one raised just before is taken right there
         #: (_take_late_interrupt), so never in its reply or in the scheduler
         self._interrupt_lock = threading.Lock()
+        #: a SIGINT caught in a finalizer is being sent again (_wrap_sigint)
+        self._redelivering = False
         #: called (main thread, from the SIGINT handler or interrupt()) on every
         #: interrupt of this run, before it is delivered: the kernel interrupts
         #: its busy subshells there. Must be quick and must not raise.
@@ -343,15 +347,37 @@ class UserRun:
             return trio_handler
 
         def handler(signum: int, frame: Any) -> None:
+            redelivered, self._redelivering = self._redelivering, False
             if not self._interruptible:
-                self._ignore_idle_interrupt()
+                if not redelivered:
+                    self._ignore_idle_interrupt()
                 return
-            if self.on_interrupt is not None:
+            if self.on_interrupt is not None and not redelivered:
                 self.on_interrupt()
+            if _in_finalizer(frame):
+                # trio counts a __del__ frame as KI-protected and would hold
+                # the interrupt to the next checkpoint, which a cell in sync
+                # code never reaches: send it again once the finalizer is over
+                self._redelivering = True
+                with guestrun.sigint_blocked():  # a process SIGINT must not pick this thread
+                    timer = threading.Timer(REDELIVER_DELAY, self._redeliver)
+                    timer.daemon = True
+                    timer.start()
+                return
             trio_handler(signum, frame)
 
         signal.signal(signal.SIGINT, handler)
         return handler
+
+    def _redeliver(self) -> None:
+        """Timer thread: send the held interrupt again while the job still runs."""
+        main = threading.main_thread().ident
+        assert main is not None
+        with self._interrupt_lock:
+            if self._interruptible and self._redelivering:
+                signal.pthread_kill(main, signal.SIGINT)
+                return
+            self._redelivering = False
 
     @trio.lowlevel.enable_ki_protection
     async def _run_concurrent(self, job: Job) -> None:
@@ -391,6 +417,15 @@ class UserRun:
         if current is not self._trio_sigint:
             signal.signal(signal.SIGINT, self._trio_sigint)
             log.info("SIGINT disposition was changed by user code (%r); restored so interrupts keep working", current)
+
+
+def _in_finalizer(frame: Any) -> bool:
+    """``frame`` or a caller of it is a ``__del__`` (main thread, SIGINT handler)."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _take_late_interrupt() -> None:
