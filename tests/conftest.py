@@ -90,7 +90,10 @@ def _no_term_from_the_collector() -> None:
 
 _no_term_from_the_collector()
 
-SUITE_LOCK_WAIT = 1200.0  # s: longest a test waits for the suite lock (the holder has its own timeout)
+#: s a test waits for the suite lock: an exclusive test, just over the longest
+#: test timeout (600 s); a shared one, that plus the exclusive test's own run
+EXCLUSIVE_LOCK_WAIT = 660.0
+SHARED_LOCK_WAIT = 2 * EXCLUSIVE_LOCK_WAIT
 
 
 def _suite_lock_files() -> tuple[str, str] | None:
@@ -103,14 +106,15 @@ def _suite_lock_files() -> tuple[str, str] | None:
     return base + "-gate.lock", base + "-room.lock"
 
 
-def _flock(f: Any, how: int, deadline: float, what: str) -> None:
+def _flock(f: Any, how: int, deadline: float) -> bool:
+    """Take the flock ``how`` on ``f``; False if ``deadline`` passed first."""
     while True:
         try:
             fcntl.flock(f, how | fcntl.LOCK_NB)
-            return
+            return True
         except BlockingIOError:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"waited {SUITE_LOCK_WAIT:.0f} s for the suite lock ({what})") from None
+                return False
             time.sleep(0.05)
 
 
@@ -132,13 +136,18 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
         return
     exclusive = item.get_closest_marker("exclusive") is not None
-    deadline = time.monotonic() + SUITE_LOCK_WAIT
+    wait = EXCLUSIVE_LOCK_WAIT if exclusive else SHARED_LOCK_WAIT
+    deadline = time.monotonic() + wait
     with open(files[0], "a") as gate, open(files[1], "a") as room:
-        _flock(gate, fcntl.LOCK_EX, deadline, "gate")
+        # a missed deadline (a test stuck in C holds the room) runs the test
+        # unlocked, with a warning: raising here would end the whole run
+        locked = _flock(gate, fcntl.LOCK_EX, deadline)
         try:
-            _flock(room, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, deadline, "room")
+            locked = locked and _flock(room, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, deadline)
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
+        if not locked:
+            item.warn(pytest.PytestWarning(f"the suite lock was not free within {wait:.0f} s: run without it"))
         try:
             yield
         finally:
