@@ -80,17 +80,18 @@ KERNEL_DEADLINE = 300  # s: one kernel's start, ready, 1+1 and shutdown, in the 
 
 WORKER = textwrap.dedent(
     """
-    import asyncio, faulthandler, json, sys, time
+    import faulthandler, sys
+    faulthandler.dump_traceback_later(float(sys.argv[5]), exit=True)  # first: to stderr, every thread
+    import asyncio, json, os, subprocess, time
     from jupyter_client.manager import AsyncKernelManager
 
     kernel_name, count, start_at, out_path = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-    faulthandler.dump_traceback_later(float(sys.argv[5]), exit=True)  # to stderr, every thread
 
     async def one(i, stage):
         km = AsyncKernelManager(kernel_name=kernel_name)
         try:
             stage[i] = "start_kernel"
-            await km.start_kernel()
+            await km.start_kernel(stderr=subprocess.DEVNULL)  # the worker's stderr holds only its own dump
             kc = km.client()
             kc.start_channels()
             try:
@@ -108,7 +109,7 @@ WORKER = textwrap.dedent(
             try:
                 if km.has_kernel:
                     stage[i] = "shutdown_kernel"
-                    await km.shutdown_kernel(now=True)
+                    await asyncio.wait_for(km.shutdown_kernel(now=True), 30)
             except Exception:
                 pass
 
@@ -124,8 +125,10 @@ WORKER = textwrap.dedent(
         return await asyncio.gather(*(bounded(i, stage, float(sys.argv[6])) for i in range(count)))
 
     results = asyncio.run(main())
-    with open(out_path, "w") as f:
+    faulthandler.cancel_dump_traceback_later()
+    with open(out_path + ".part", "w") as f:
         json.dump(results, f)
+    os.replace(out_path + ".part", out_path)  # whole or absent
     print("worker done", file=sys.stderr, flush=True)
     """
 )
@@ -153,13 +156,20 @@ def crowd(kernel_name: str, jupyter_path: str, tmp_path) -> tuple[list[dict], fl
                     env=env,
                 )
             )
+    end = time.monotonic() + WORKER_DEADLINE + 60  # one deadline for all workers
+    try:
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+    finally:  # also on pytest-timeout: no worker (and its kernels) outlives the test
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
     results: list[dict] = []
     for p, out, err in zip(procs, outs, errs, strict=True):
-        try:
-            p.wait(timeout=WORKER_DEADLINE + 60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=30)
         if out.exists():
             results.extend(json.loads(out.read_text()))
         else:
