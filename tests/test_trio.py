@@ -940,10 +940,12 @@ def test_a_task_the_first_cell_starts_is_in_the_user_nursery(jupyter_path):
             probe = kc.execute("len(nursery.child_tasks)")
             out: list[dict[str, Any]] = []
             deadline = time.monotonic() + TIMEOUT
-            port_race = False
+            port_race = heard = False
             while not (out and out[-1]["msg_type"] == "status" and out[-1]["content"]["execution_state"] == "idle"):
-                if km.provisioner.process.poll() == EXIT_RUNTIME and port_races < 3:
-                    port_race = True  # jupyter_client's ports were taken before the bind (start_kernel)
+                if not heard and km.provisioner.process.poll() == EXIT_RUNTIME and port_races < 3:
+                    # exit 1 before any IOPub message: jupyter_client's ports were
+                    # taken before the bind (start_kernel); any later exit is a failure
+                    port_race = True
                     break
                 assert km.is_alive(), (counted, out)
                 assert time.monotonic() < deadline, (counted, out)
@@ -951,6 +953,7 @@ def test_a_task_the_first_cell_starts_is_in_the_user_nursery(jupyter_path):
                     msg = kc.get_iopub_msg(timeout=0.2)
                 except queue.Empty:
                     continue
+                heard = True
                 if msg["parent_header"].get("msg_id") == probe:
                     out.append(msg)
             if port_race:
