@@ -58,13 +58,14 @@ class ShellJobs:
         comm_manager: CommManager,
         parents: outstream.ParentTracker,
         stdin: StdinBridge,
+        user_nursery: UserNursery,
     ):
         self.shell = shell
         self.comm_manager = comm_manager
         self.parents = parents
         self.stdin = stdin
-        #: trikernel.nursery (set by set_up); its host must be started
-        self.user_nursery: UserNursery | None = None
+        #: trikernel.nursery; whoever runs set_up starts its host
+        self.user_nursery = user_nursery
 
     @property
     def execution_count(self) -> int:
@@ -203,6 +204,4 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> ShellJobs:
     info = deps.connection.to_dict() if deps.connection is not None else None
     magics.register_kernel_magics(shell, magics.ConnectionFile(info, deps.connection_file) if info else None)
     outstream.install(deps.queue, deps.parents, capture_fds=deps.capture_fds, fd_backlog=deps.fd_backlog_bytes)
-    jobs = ShellJobs(shell, comm_manager, deps.parents, deps.stdin)
-    jobs.user_nursery = un
-    return jobs
+    return ShellJobs(shell, comm_manager, deps.parents, deps.stdin, un)

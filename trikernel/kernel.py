@@ -212,7 +212,6 @@ class Kernel:
         started (awaited by UserRun) before the first job is taken."""
         self._jobs = set_up(nursery, self._user_side)
         register_magic(self._jobs.shell, self.subshells)
-        assert self._jobs.user_nursery is not None
         return nursery.start(self._jobs.user_nursery.host)
 
     def _user_side_ready(self) -> None:
