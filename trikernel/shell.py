@@ -456,7 +456,9 @@ async def _end_of_cell_checkpoint() -> None:
       as nbclient stop reading at idle). ``trio.testing.
       wait_all_tasks_blocked`` waits for that (trio runs a batch in random
       order and does not expose it, so counting runnable tasks misses a
-      task behind this one in the batch), at most END_OF_CELL_WAIT;
+      task behind this one in the batch), at most END_OF_CELL_WAIT after
+      two scheduler rounds (so a task already runnable always takes its
+      first step, however slow the machine);
     - an interrupt that came while the cell waited on something trio cannot
       abort (``trio.to_thread.run_sync`` without ``abandon_on_cancel``) is
       pending until a checkpoint: it is taken here, as this cell's, not
@@ -476,6 +478,11 @@ async def _end_of_cell_checkpoint() -> None:
         return
     from trio.testing import wait_all_tasks_blocked  # loaded on the first cell that needs it
 
+    # two scheduler rounds, whatever the clock: every task runnable now takes
+    # its step, also one behind this task in trio's batch (the time bound
+    # alone cut even a single started task once on a loaded CI runner)
+    for _ in range(2):
+        await trio.lowlevel.checkpoint()
     with trio.move_on_after(END_OF_CELL_WAIT):
         await wait_all_tasks_blocked()
 
