@@ -404,6 +404,37 @@ def test_interrupt_reaches_main_and_busy_subshells(fresh: tuple[KernelManager, W
     print(f"\ninterrupt of main + 2 busy subshells answered in {elapsed * 1000:.0f} ms")
 
 
+def test_an_interrupt_while_a_subshell_runs_a_finalizer_stops_the_code_after_it(
+    fresh: tuple[KernelManager, Wire],
+) -> None:
+    """The second stage raises KeyboardInterrupt asynchronously; raised
+    inside a ``__del__``, Python prints and drops it and the cell ran on to
+    its end. Now it waits until the finalizer is over."""
+    km, w = fresh
+    sid = w.create()
+    cell = "\n".join(
+        [
+            "import time",
+            "class Slow:",
+            "    def __del__(self):",
+            "        print('in del', flush=True)",
+            "        end = time.monotonic() + 1.0",
+            "        while time.monotonic() < end: pass",
+            "obj = Slow()",
+            "del obj",
+            "end = time.monotonic() + 20",
+            "while time.monotonic() < end: pass",
+            "print('ran on')",
+        ]
+    )
+    msg_id = w.execute(cell, sid)
+    w.wait_printed(msg_id, "in del")
+    km.interrupt_kernel()
+    content = w.reply(msg_id, timeout=15)["content"]
+    assert (content["status"], content.get("ename")) == ("error", "KeyboardInterrupt"), content
+    assert w.run("1", sid)[0]["content"]["status"] == "ok"
+
+
 def test_shutdown_with_busy_subshells(fresh: tuple[KernelManager, Wire]) -> None:
     """One subshell ends within the grace, the two others (awaiting, spinning)
     are interrupted after it; the kernel exits 0."""

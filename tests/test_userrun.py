@@ -335,6 +335,145 @@ def test_interrupt_of_a_job_that_disabled_sigint_then_the_handler_is_back(dispos
     assert calls == ["on_interrupt", "on_interrupt"]
 
 
+class _SlowFinalizer:
+    """An object whose ``__del__`` runs pure Python for ``seconds`` and sets
+    ``entered`` first: an interrupt that comes meanwhile finds the main
+    thread in a finalizer."""
+
+    def __init__(self, entered: threading.Event, seconds: float) -> None:
+        self.entered = entered
+        self.seconds = seconds
+
+    def __del__(self) -> None:
+        self.entered.set()
+        end = time.monotonic() + self.seconds
+        while time.monotonic() < end:
+            pass
+
+
+@pytest.fixture
+def kills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the SIGINTs sent to a thread (``signal.pthread_kill``)."""
+    sent: list[int] = []
+    real = signal.pthread_kill
+
+    def counting(ident: int, signum: int) -> None:
+        sent.append(signum)
+        real(ident, signum)
+
+    monkeypatch.setattr(signal, "pthread_kill", counting)
+    return sent
+
+
+def test_an_interrupt_held_by_a_long_finalizer_is_tried_ever_less_often(kills: list[int]) -> None:
+    """An interrupt whose handler runs inside a ``__del__`` is held (trio
+    would keep it to the next checkpoint, never reached by sync code) and
+    sent again until it lands outside the finalizer. The wait doubles: a
+    finalizer of 1.5 s costs about a dozen resends (150 at a fixed 10 ms),
+    and the sync code after it is still interrupted."""
+    entered = threading.Event()
+    never = threading.Event()
+    calls: list[str] = []
+    ur = UserRun()
+    ur.on_interrupt = lambda: calls.append("on_interrupt")
+
+    async def cell() -> bool:
+        obj = _SlowFinalizer(entered, 1.5)
+        del obj
+        return spin_until(never)
+
+    async def script(io: IoSide) -> None:
+        job = io.job(cell)
+        await io.wait(entered)
+        ur.interrupt()
+        await io.done(job)
+        assert isinstance(job.error, KeyboardInterrupt), (job.error, job.result)
+
+    drive(script, user_run=ur)
+    resends = len(kills) - 1
+    assert 1 <= resends <= 15, resends
+    assert calls == ["on_interrupt"]  # a resend is not a new interrupt for the subshells
+
+
+def test_an_interrupt_asked_for_while_one_is_held_is_a_new_interrupt() -> None:
+    """A second interrupt while the first is held for a finalizer reaches
+    ``on_interrupt`` (busy subshells) too; it used to be taken for the
+    resend of the first."""
+    entered = threading.Event()
+    never = threading.Event()
+    calls: list[str] = []
+    ur = UserRun()
+    ur.on_interrupt = lambda: calls.append("on_interrupt")
+
+    async def cell() -> bool:
+        obj = _SlowFinalizer(entered, 0.6)
+        del obj
+        return spin_until(never)
+
+    async def script(io: IoSide) -> None:
+        job = io.job(cell)
+        await io.wait(entered)
+        ur.interrupt()
+        await trio.sleep(0.2)  # still in the finalizer
+        ur.interrupt()
+        await io.done(job)
+        assert isinstance(job.error, KeyboardInterrupt), (job.error, job.result)
+
+    drive(script, user_run=ur)
+    assert calls == ["on_interrupt", "on_interrupt"]
+
+
+def test_an_interrupt_of_a_job_that_disabled_sigint_waits_out_a_finalizer() -> None:
+    """The asynchronous KeyboardInterrupt (SIGINT disabled by the job)
+    raised inside a ``__del__`` is printed and dropped by Python: it is
+    held until the finalizer is over, then raised in the code after it."""
+    entered = threading.Event()
+    never = threading.Event()
+    ur = UserRun()
+
+    async def cell() -> bool:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        obj = _SlowFinalizer(entered, 0.5)
+        del obj
+        return spin_until(never)
+
+    async def script(io: IoSide) -> None:
+        job = io.job(cell)
+        await io.wait(entered)
+        ur.interrupt()
+        await io.done(job)
+        assert isinstance(job.error, KeyboardInterrupt), (job.error, job.result)
+
+    drive(script, user_run=ur)
+
+
+def test_a_held_interrupt_never_reaches_the_next_job(kills: list[int]) -> None:
+    """An interrupt held for a finalizer belongs to its job: once that job
+    has ended, the pending resend is dropped, and the next job runs on."""
+    entered = threading.Event()
+    ur = UserRun()
+
+    async def cell() -> None:
+        obj = _SlowFinalizer(entered, 0.3)
+        del obj  # returns right after the finalizer: the job ends
+
+    async def later() -> str:
+        await trio.sleep(1.0)  # longer than any resend wait
+        return "not interrupted"
+
+    async def script(io: IoSide) -> None:
+        job = io.job(cell)
+        await io.wait(entered)
+        ur.interrupt()
+        await io.done(job)
+        # the interrupt either landed at the job's last bytecodes or was held past its end
+        assert job.error is None or isinstance(job.error, KeyboardInterrupt), job.error
+        nxt = await io.run(later)
+        assert (nxt.error, nxt.result) == (None, "not interrupted")
+
+    drive(script, user_run=ur)
+
+
 def test_sigint_disposition_changed_outside_a_job_is_put_back_before_the_next() -> None:
     """A concurrent job (a comm handler) is not followed by a restore; the
     next sequential job restores before it runs."""

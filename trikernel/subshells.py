@@ -28,7 +28,6 @@ first, since only the main thread's system calls are broken by the signal.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -40,7 +39,7 @@ import trio
 
 from . import shellstate
 from .debugger import not_traced
-from .userrun import UserRun
+from .userrun import REDELIVER_DELAY, REDELIVER_MAX_DELAY, UserRun, raise_interrupt_in, thread_in_finalizer
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -156,20 +155,30 @@ class SubshellRun(UserRun):
         if self._runner is not None:
             self._runner.deliver_ki()
 
-    def interrupt_running_code(self) -> None:
+    def interrupt_running_code(self) -> bool:
         """Second stage of :meth:`interrupt` (io run): if the cell is still in
         the trio step it was in when interrupted, it is running Python code
-        with no checkpoint: raise KeyboardInterrupt in the thread."""
-        steps, self._interrupt_steps = self._interrupt_steps, None
+        with no checkpoint: raise KeyboardInterrupt in the thread.
+
+        Returns True when the thread is inside a ``__del__`` right now, where
+        Python would print the exception and drop it: nothing is raised and
+        the caller asks again later (SubshellRegistry._second_stage).
+        """
+        steps = self._interrupt_steps
         watch = self._watch
         ident = self.thread.ident
         with self._interrupt_lock:  # the cell cannot end between the check and the raise (_end_of_job)
             if steps is None or not self.busy or not watch.stepping or watch.steps != steps or ident is None:
-                return
+                self._interrupt_steps = None
+                return False
+            if thread_in_finalizer(ident):
+                return True
+            self._interrupt_steps = None
             if self._runner is not None:
                 self._runner.ki_pending = False  # delivered here instead, not again at the next checkpoint
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+            raise_interrupt_in(ident)
         log.info("subshell %s: raised KeyboardInterrupt in running code", self.subshell_id)
+        return False
 
 
 class SubshellRegistry:
@@ -225,9 +234,17 @@ class SubshellRegistry:
             self._nursery.start_soon(self._second_stage, busy)
 
     async def _second_stage(self, runs: list[SubshellRun]) -> None:
+        """SYNC_INTERRUPT_DELAY after an interrupt, raise it in the subshells
+        still in running code; one inside a finalizer is asked again after
+        REDELIVER_DELAY, doubling up to REDELIVER_MAX_DELAY, as the main
+        thread's held interrupt is (userrun.UserRun._hold)."""
         await trio.sleep(SYNC_INTERRUPT_DELAY)
-        for run in runs:
-            run.interrupt_running_code()
+        delay = REDELIVER_DELAY
+        while runs:
+            runs = [run for run in runs if run.interrupt_running_code()]
+            if runs:
+                await trio.sleep(delay)
+                delay = min(delay * 2, REDELIVER_MAX_DELAY)
 
     def stop_all(self) -> None:
         """Shutdown: every subshell ends after its current request."""
@@ -250,10 +267,8 @@ class SubshellRegistry:
         log.warning("%d subshell(s) still running at shutdown; interrupting them", len(busy))
         for run in busy:
             run.interrupt()
-        await trio.sleep(SYNC_INTERRUPT_DELAY)
-        for run in busy:
-            run.interrupt_running_code()
-        with trio.move_on_after(INTERRUPT_GRACE):
+        with trio.move_on_after(SYNC_INTERRUPT_DELAY + INTERRUPT_GRACE):
+            await self._second_stage(list(busy))
             for run in busy:
                 await run.ended.wait()
 

@@ -38,6 +38,7 @@ import contextlib
 import ctypes
 import logging
 import signal
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -57,8 +58,12 @@ log = logging.getLogger("trikernel.userrun")
 
 #: Sequential jobs buffered in the user run (the io side keeps <= 1 in flight).
 SEQ_BUFFER = 4
-#: Seconds before an interrupt caught inside a ``__del__`` is sent again.
+#: Seconds before an interrupt held because the main thread is inside a
+#: ``__del__`` is tried again; the wait doubles at each try, up to
+#: REDELIVER_MAX_DELAY, so a finalizer that never returns costs a few tries
+#: a second, not a hundred.
 REDELIVER_DELAY = 0.01
+REDELIVER_MAX_DELAY = 0.2
 
 
 class Job:
@@ -184,8 +189,16 @@ class UserRun:
         #: a job that has ended; one raised just before is taken right there
         #: (_take_late_interrupt), so never in its reply or in the scheduler
         self._interrupt_lock = threading.Lock()
-        #: a SIGINT caught in a finalizer is being sent again (_wrap_sigint)
-        self._redelivering = False
+        #: an interrupt of the running job is held because it came while the
+        #: main thread was inside a ``__del__`` (_hold); cleared when it is
+        #: delivered and when the job stops being interruptible, so a retry
+        #: never reaches a later job
+        self._held = False
+        self._retry_pending = False  # a retry timer is running (_hold, _retry)
+        self._retries = 0  # retries of the held interrupt so far (its back-off)
+        #: the SIGINT in flight was sent by _retry, not asked for (the handler
+        #: tells on_interrupt of asked-for interrupts only)
+        self._resent = False
         #: called (main thread, from the SIGINT handler or interrupt()) on every
         #: interrupt of this run, before it is delivered: the kernel interrupts
         #: its busy subshells there. Must be quick and must not raise.
@@ -247,11 +260,15 @@ class UserRun:
         with self._interrupt_lock:  # the job cannot end between the check and the raise
             if not self._interruptible:
                 how = "idle"
-            elif signal.getsignal(signal.SIGINT) in (signal.SIG_DFL, signal.SIG_IGN, None):
+            elif _sigint_disabled():
                 how = "async"
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(KeyboardInterrupt))
+                if thread_in_finalizer(main):
+                    self._hold()  # raised there, Python would print it and drop it
+                else:
+                    raise_interrupt_in(main)
             else:
                 how = "signal"  # the handler checks again when it runs (_wrap_sigint)
+                self._resent = False  # coalesced with a retry in flight: this one was asked for
                 signal.pthread_kill(main, signal.SIGINT)
         if how == "idle":
             self._ignore_idle_interrupt()
@@ -334,6 +351,7 @@ class UserRun:
         try:
             with self._interrupt_lock:
                 self.busy = False
+                self._drop_held_if_idle()
             _take_late_interrupt()
         except KeyboardInterrupt:
             self.busy = False
@@ -347,37 +365,72 @@ class UserRun:
             return trio_handler
 
         def handler(signum: int, frame: Any) -> None:
-            redelivered, self._redelivering = self._redelivering, False
+            resent, self._resent = self._resent, False
             if not self._interruptible:
-                if not redelivered:
+                if not resent:
                     self._ignore_idle_interrupt()
                 return
-            if self.on_interrupt is not None and not redelivered:
+            if self.on_interrupt is not None and not resent:
                 self.on_interrupt()
             if _in_finalizer(frame):
                 # trio counts a __del__ frame as KI-protected and would hold
                 # the interrupt to the next checkpoint, which a cell in sync
                 # code never reaches: send it again once the finalizer is over
-                self._redelivering = True
-                with guestrun.sigint_blocked():  # a process SIGINT must not pick this thread
-                    timer = threading.Timer(REDELIVER_DELAY, self._redeliver)
-                    timer.daemon = True
-                    timer.start()
+                self._hold()
                 return
+            self._held = False
+            self._retries = 0
             trio_handler(signum, frame)
 
         signal.signal(signal.SIGINT, handler)
         return handler
 
-    def _redeliver(self) -> None:
-        """Timer thread: send the held interrupt again while the job still runs."""
+    def _hold(self) -> None:
+        """Hold the running job's interrupt: the main thread is inside a
+        ``__del__``. A timer thread tries it again (:meth:`_retry`) after
+        REDELIVER_DELAY, doubling up to REDELIVER_MAX_DELAY. Called with
+        ``_interrupt_lock`` held, or from the main thread's SIGINT handler
+        without it (the handler may run inside a block that holds it; the
+        timer checks again under the lock)."""
+        self._held = True
+        if self._retry_pending:
+            return  # the running timer tries this one too
+        self._retry_pending = True
+        delay = min(REDELIVER_DELAY * 2**self._retries, REDELIVER_MAX_DELAY)
+        self._retries += 1
+        with guestrun.sigint_blocked():  # a process SIGINT must not pick the timer's thread
+            timer = threading.Timer(delay, self._retry)
+            timer.daemon = True
+            timer.start()
+
+    def _retry(self) -> None:
+        """Timer thread: deliver the held interrupt if the job still runs, the
+        way :meth:`interrupt` would now (SIGINT, or the asynchronous
+        KeyboardInterrupt if the job disabled SIGINT, held again while the
+        main thread is still in a finalizer)."""
         main = threading.main_thread().ident
         assert main is not None
         with self._interrupt_lock:
-            if self._interruptible and self._redelivering:
-                signal.pthread_kill(main, signal.SIGINT)
+            self._retry_pending = False
+            if not (self._held and self._interruptible):
+                self._held = False
                 return
-            self._redelivering = False
+            if not _sigint_disabled():
+                self._resent = True
+                signal.pthread_kill(main, signal.SIGINT)  # the handler holds it again if need be
+            elif thread_in_finalizer(main):
+                self._hold()
+            else:
+                self._held = False
+                self._retries = 0
+                raise_interrupt_in(main)
+
+    def _drop_held_if_idle(self) -> None:
+        """With ``_interrupt_lock`` held, after a job stopped: a held
+        interrupt belongs to no job once none runs."""
+        if not self._interruptible:
+            self._held = False
+            self._retries = 0
 
     @trio.lowlevel.enable_ki_protection
     async def _run_concurrent(self, job: Job) -> None:
@@ -390,6 +443,7 @@ class UserRun:
             try:
                 with self._interrupt_lock:
                     self._concurrent -= 1
+                    self._drop_held_if_idle()
                 _take_late_interrupt()
             except KeyboardInterrupt:
                 log.info("interrupt raised as a comm handler ended: ignored")
@@ -426,6 +480,32 @@ def _in_finalizer(frame: Any) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def thread_in_finalizer(ident: int) -> bool:
+    """The thread ``ident`` is running a ``__del__`` now (any thread may ask).
+
+    An asynchronous KeyboardInterrupt raised in a thread inside a finalizer
+    lands in the finalizer, where Python prints "Exception ignored in" and
+    drops it: the interrupt would be lost. The answer can be stale by the
+    time the caller raises (the thread runs on), a window of a few bytecodes.
+    """
+    return _in_finalizer(sys._current_frames().get(ident))
+
+
+def _sigint_disabled() -> bool:
+    """User code set SIGINT to ``SIG_DFL``/``SIG_IGN``: a signal would kill
+    the kernel or do nothing, so interrupts are raised asynchronously."""
+    return signal.getsignal(signal.SIGINT) in (signal.SIG_DFL, signal.SIG_IGN, None)
+
+
+def raise_interrupt_in(ident: int) -> None:
+    """Raise KeyboardInterrupt in thread ``ident`` at its next bytecode (any
+    thread may call it; callers hold the run's interrupt lock, so the job
+    cannot end between their check and the raise). Inside a blocking C call
+    it lands when the call returns; inside a ``__del__`` it is lost, so
+    callers ask :func:`thread_in_finalizer` first."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
 
 
 def _take_late_interrupt() -> None:
