@@ -226,7 +226,7 @@ def main() -> int:
     if bases:
         os.environ["JUPYTER_PATH"] = str(root) + os.pathsep + os.environ.get("JUPYTER_PATH", "")
     names = available_kernels(args.kernels)
-    names = [*names[:1], *bases, *names[1:]] if not args.kernels else names
+    names = [*names[:1], *bases, *names[1:]]  # the baselines beside the first (trikernel), with --kernels too
     kernels = {n: start_kernel(n, log_tag="-latency") for n in names}
     clients = {n: RawClient(k.km.get_connection_info()) for n, k in kernels.items()}
     rows: dict[str, dict[str, list[float]]] = {

@@ -339,6 +339,14 @@ class KernelConfig:
         minimum=0,
         exclusive=True,
     )
+    busy_switch_interval: float = knob(
+        0.0002,
+        "the switch interval while a cell (or another shell request) has run longer than 5 ms, so control "
+        "and subshell requests are answered during it; the same as switch_interval turns this off",
+        unit="s",
+        minimum=0,
+        exclusive=True,
+    )
     capture_fds: bool = knob(
         True,
         "leave file descriptors 1 and 2 alone: output of subprocesses and C code then goes to the kernel's "

@@ -76,6 +76,7 @@ import trio
 from .badinput import BadInputLog, short
 from .errors import JobInterrupted, KernelShuttingDown, ProtocolError
 from .strict import Refused, refusal
+from .switchinterval import LONG_REQUEST
 from .userrun import Job, UserRun
 from .wire import Message, Signer, serialize, utcnow_iso
 
@@ -87,6 +88,7 @@ if TYPE_CHECKING:
     from .messages import MessageBuilder
     from .sockets import TrioSocket
     from .subshells import SubshellRegistry
+    from .switchinterval import SwitchIntervals
 
 log = logging.getLogger("trikernel.dispatch")
 
@@ -256,7 +258,9 @@ class DispatchDeps:
     - ``subshells``: the subshell registry (None: subshells not offered);
     - ``message_log``: records every reply sent (``--message-log``), or None;
     - ``debugger``: answers ``debug_request`` (debugger.py), or None: every
-      debug request then gets a DAP error response.
+      debug request then gets a DAP error response;
+    - ``switch``: shortens the thread switch interval while a sequential
+      request runs long (switchinterval.py), or None: left alone.
     """
 
     builder: MessageBuilder
@@ -271,6 +275,7 @@ class DispatchDeps:
     subshells: SubshellRegistry | None = None
     message_log: MessageLog | None = None
     debugger: Debugger | None = None
+    switch: SwitchIntervals | None = None
 
 
 class _ThreadReply:
@@ -523,15 +528,31 @@ class Dispatcher:
         job = Job(fn, reply)
         if concurrent:
             lane.user_run.start_task_soon(job)
+            await job.done.wait()
         else:
             self._d.queue.quiet()  # until its idle (iopub.QUIET_WINDOW)
             lane.user_run.start_job_soon(job)
-        await job.done.wait()
+            await self._wait_sequential(job)
         if isinstance(job.error, KeyboardInterrupt):
             raise JobInterrupted(f"interrupted: {job.error!r}")
         if job.error is not None:
             raise job.error
         return job
+
+    async def _wait_sequential(self, job: Job) -> None:
+        """Wait for a sequential job; once it has run LONG_REQUEST seconds,
+        with the shorter switch interval (switchinterval.py), so this
+        thread answers control and subshells within that long while the
+        job holds the GIL."""
+        switch = self._d.switch
+        if switch is None:
+            await job.done.wait()
+            return
+        with trio.move_on_after(LONG_REQUEST):
+            await job.done.wait()
+        if not job.done.is_set():
+            with switch.long_request():
+                await job.done.wait()
 
     def _reply_from_user_run(
         self,

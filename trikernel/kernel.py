@@ -36,6 +36,7 @@ from .outstream import ParentTracker
 from .sockets import BoundSockets, TrioSocket
 from .stdinbridge import StdinBridge
 from .subshells import SubshellRegistry, register_magic
+from .switchinterval import SwitchIntervals
 from .userrun import UserRun
 from .wire import Signer
 
@@ -123,6 +124,7 @@ class Kernel:
                 subshells=self.subshells,
                 message_log=message_log,
                 debugger=self.debugger,
+                switch=SwitchIntervals(config.busy_switch_interval),
             )
         )
         self.io = IORun(
