@@ -404,31 +404,53 @@ def test_interrupt_reaches_main_and_busy_subshells(fresh: tuple[KernelManager, W
     print(f"\ninterrupt of main + 2 busy subshells answered in {elapsed * 1000:.0f} ms")
 
 
+FINALIZERS = {
+    # a __del__ is waited out before the raise (userrun.thread_in_finalizer)
+    "del": [
+        "class Slow:",
+        "    def __del__(self):",
+        "        print('in finalizer', flush=True)",
+        "        end = time.monotonic() + 1.0",
+        "        while time.monotonic() < end: pass",
+        "obj = Slow()",
+        "del obj",
+    ],
+    # a weakref callback is not seen; the interrupt lost in it is raised again (userrun._unraisable)
+    "weakref": [
+        "import weakref",
+        "class T: pass",
+        "def slow(_ref):",
+        "    print('in finalizer', flush=True)",
+        "    end = time.monotonic() + 1.0",
+        "    while time.monotonic() < end: pass",
+        "obj = T()",
+        "ref = weakref.ref(obj, slow)",
+        "del obj",
+    ],
+}
+
+
+@pytest.mark.parametrize("kind", list(FINALIZERS))
 def test_an_interrupt_while_a_subshell_runs_a_finalizer_stops_the_code_after_it(
-    fresh: tuple[KernelManager, Wire],
+    fresh: tuple[KernelManager, Wire], kind: str
 ) -> None:
     """The second stage raises KeyboardInterrupt asynchronously; raised
-    inside a ``__del__``, Python prints and drops it and the cell ran on to
-    its end. Now it waits until the finalizer is over."""
+    inside a finalizer, Python prints and drops it and the cell ran on to
+    its end. Now it waits out a ``__del__``, and one lost in another kind
+    of finalizer is raised again once that is over."""
     km, w = fresh
     sid = w.create()
     cell = "\n".join(
         [
             "import time",
-            "class Slow:",
-            "    def __del__(self):",
-            "        print('in del', flush=True)",
-            "        end = time.monotonic() + 1.0",
-            "        while time.monotonic() < end: pass",
-            "obj = Slow()",
-            "del obj",
+            *FINALIZERS[kind],
             "end = time.monotonic() + 20",
             "while time.monotonic() < end: pass",
             "print('ran on')",
         ]
     )
     msg_id = w.execute(cell, sid)
-    w.wait_printed(msg_id, "in del")
+    w.wait_printed(msg_id, "in finalizer")
     km.interrupt_kernel()
     content = w.reply(msg_id, timeout=15)["content"]
     assert (content["status"], content.get("ename")) == ("error", "KeyboardInterrupt"), content

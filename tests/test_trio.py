@@ -662,6 +662,39 @@ def test_an_interrupt_caught_in_a_finalizer_still_stops_a_sync_cell(mode_kernel)
     ok(execute(kc, "x = 1")[0])
 
 
+def test_an_interrupt_lost_in_a_weakref_callback_still_stops_a_sync_cell(mode_kernel):
+    """Raised inside a weakref callback (no frame there says "finalizer"),
+    the KeyboardInterrupt is printed and dropped by Python, and the cell ran
+    on; now the kernel's ``sys.unraisablehook`` has it sent again, and it
+    is not printed."""
+    _mode, km, kc = mode_kernel
+    cell = code(
+        """
+        import time, weakref
+        class T: pass
+        def slow(_ref):
+            print('waiting', flush=True)
+            time.sleep(3)
+        obj = T()
+        ref = weakref.ref(obj, slow)
+        del obj
+        time.sleep(20)
+        print('ran on')
+        """
+    )
+    msg_id = kc.execute(cell)
+    seen: list[dict[str, Any]] = []
+    wait_for_stdout(kc, msg_id, "waiting", seen)
+    km.interrupt_kernel()
+    reply = reply_to(kc, msg_id, timeout=TIMEOUT)
+    c = reply["content"]
+    assert (c["status"], c["ename"]) == ("error", "KeyboardInterrupt"), c
+    out = seen + collect_outputs(kc, msg_id)
+    assert "ran on" not in stdout_of(out), stdout_of(out)
+    assert "Exception ignored" not in stdout_of(out, "stderr"), stdout_of(out, "stderr")
+    ok(execute(kc, "x = 1")[0])
+
+
 def test_interrupt_while_idle_is_harmless(mode_kernel):
     _mode, km, kc = mode_kernel
     with ticking(kc) as ticker_cell:

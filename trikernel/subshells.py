@@ -109,6 +109,9 @@ class SubshellRun(UserRun):
         self._watch = _StepWatch()
         self._runner: Any = None
         self._interrupt_steps: int | None = None
+        #: io run: raise the interrupt again (SubshellRegistry sets it to a
+        #: second stage for this run); see :meth:`swallowed_interrupt`
+        self.interrupt_again: Callable[[], None] | None = None
         # not traced: the debugger stops user code on the main thread only
         self.thread = not_traced(
             threading.Thread(target=self._thread_main, name=THREAD_PREFIX + subshell_id, daemon=True)
@@ -135,6 +138,20 @@ class SubshellRun(UserRun):
         self._watch.main = trio.lowlevel.current_task()  # the run's main task serves the jobs
         trio.lowlevel.add_instrument(self._watch)
         self._runner = _current_runner()
+
+    def swallowed_interrupt(self) -> bool:
+        """The subshell's thread lost a KeyboardInterrupt to a finalizer (a
+        weakref callback, a generator closed as it is collected; a
+        ``__del__`` is waited out before the raise): have the io run raise
+        it again, SYNC_INTERRUPT_DELAY on, if the cell is still in that
+        step. Called on the subshell's thread (userrun._unraisable)."""
+        again = self.interrupt_again
+        if not self.busy or again is None:
+            return False
+        self._interrupt_steps = self._watch.steps
+        log.info("subshell %s: interrupt raised inside a finalizer: raised again", self.subshell_id)
+        self._tell_io(again)
+        return True
 
     def _tell_io(self, fn: Callable[[], None]) -> None:
         with contextlib.suppress(trio.RunFinishedError):  # the io run has ended (shutdown)
@@ -201,6 +218,7 @@ class SubshellRegistry:
         """A new subshell: a fresh UUID (JEP 91 leaves the form to the
         kernel; ipykernel uses uuid4 too), its thread started."""
         run = SubshellRun(str(uuid.uuid4()))
+        run.interrupt_again = lambda: self._again(run)
         with self._lock:
             self._listed[run.subshell_id] = run
         self._live.add(run)
@@ -232,6 +250,11 @@ class SubshellRegistry:
             run.interrupt()
         if busy and self._nursery is not None:
             self._nursery.start_soon(self._second_stage, busy)
+
+    def _again(self, run: SubshellRun) -> None:
+        """io run: a second stage for ``run`` alone (SubshellRun.swallowed_interrupt)."""
+        if self._nursery is not None:
+            self._nursery.start_soon(self._second_stage, [run])
 
     async def _second_stage(self, runs: list[SubshellRun]) -> None:
         """SYNC_INTERRUPT_DELAY after an interrupt, raise it in the subshells

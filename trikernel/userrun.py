@@ -64,6 +64,7 @@ SEQ_BUFFER = 4
 #: a second, not a hundred.
 REDELIVER_DELAY = 0.01
 REDELIVER_MAX_DELAY = 0.2
+_MAX_DOUBLINGS = 16  # 2**n stays a small float however long an interrupt is held
 
 
 class Job:
@@ -199,6 +200,10 @@ class UserRun:
         #: the SIGINT in flight was sent by _retry, not asked for (the handler
         #: tells on_interrupt of asked-for interrupts only)
         self._resent = False
+        #: SIGINTs sent by interrupt(), and how many of them the handler has
+        #: told on_interrupt of: one that merged with a resend still counts
+        self._asked = 0
+        self._told = 0
         #: called (main thread, from the SIGINT handler or interrupt()) on every
         #: interrupt of this run, before it is delivered: the kernel interrupts
         #: its busy subshells there. Must be quick and must not raise.
@@ -268,7 +273,7 @@ class UserRun:
                     raise_interrupt_in(main)
             else:
                 how = "signal"  # the handler checks again when it runs (_wrap_sigint)
-                self._resent = False  # coalesced with a retry in flight: this one was asked for
+                self._asked += 1
                 signal.pthread_kill(main, signal.SIGINT)
         if how == "idle":
             self._ignore_idle_interrupt()
@@ -288,6 +293,9 @@ class UserRun:
         """
         if self.on_main_thread:
             _enable_sigint()
+        ident = threading.get_ident()
+        _runs[ident] = self
+        _install_unraisable_hook()
         try:
             # trio.run, except that %gui can move the run onto a GUI event loop and back
             guestrun.run(self._main, setup, on_ready)
@@ -297,6 +305,20 @@ class UserRun:
             # raised out of the closing nursery as a group) is harmless.
             if not (self.stopping and _only_interrupts(exc)):
                 raise
+        finally:
+            _runs.pop(ident, None)
+
+    def swallowed_interrupt(self) -> bool:
+        """This run's thread just lost a KeyboardInterrupt to a finalizer
+        (``sys.unraisablehook``: a ``__del__``, a weakref callback, a
+        generator closed as it is collected); called on that thread.
+        Returns True if it will be delivered again (a job runs: the main
+        thread holds it, :meth:`_hold`), so the hook does not print it."""
+        if not self._interruptible:
+            return False
+        log.info("interrupt raised inside a finalizer: sent again once it is over")
+        self._hold()
+        return True
 
     async def _main(self, setup: Setup, on_ready: Callable[[], None]) -> None:
         if self.on_main_thread:
@@ -365,12 +387,17 @@ class UserRun:
             return trio_handler
 
         def handler(signum: int, frame: Any) -> None:
+            asked = self._asked
+            fresh, self._told = asked != self._told, asked
             resent, self._resent = self._resent, False
+            # a SIGINT from outside (signal mode) that merges with a resend in
+            # the signal mask counts once, as two SIGINTs do in any process
+            new = fresh or not resent
             if not self._interruptible:
-                if not resent:
+                if new:
                     self._ignore_idle_interrupt()
                 return
-            if self.on_interrupt is not None and not resent:
+            if self.on_interrupt is not None and new:
                 self.on_interrupt()
             if _in_finalizer(frame):
                 # trio counts a __del__ frame as KI-protected and would hold
@@ -395,9 +422,9 @@ class UserRun:
         self._held = True
         if self._retry_pending:
             return  # the running timer tries this one too
-        self._retry_pending = True
-        delay = min(REDELIVER_DELAY * 2**self._retries, REDELIVER_MAX_DELAY)
+        delay = min(REDELIVER_DELAY * 2 ** min(self._retries, _MAX_DOUBLINGS), REDELIVER_MAX_DELAY)
         self._retries += 1
+        self._retry_pending = True
         with guestrun.sigint_blocked():  # a process SIGINT must not pick the timer's thread
             timer = threading.Timer(delay, self._retry)
             timer.daemon = True
@@ -471,6 +498,34 @@ class UserRun:
         if current is not self._trio_sigint:
             signal.signal(signal.SIGINT, self._trio_sigint)
             log.info("SIGINT disposition was changed by user code (%r); restored so interrupts keep working", current)
+
+
+#: The user run of each thread that runs one (main and subshells), by
+#: thread ident: where _unraisable finds the run whose interrupt was lost.
+_runs: dict[int, UserRun] = {}
+_previous_unraisablehook: Callable[[Any], Any] | None = None
+
+
+def _install_unraisable_hook() -> None:
+    """Chain :func:`_unraisable` in front of ``sys.unraisablehook`` (once)."""
+    global _previous_unraisablehook
+    if sys.unraisablehook is not _unraisable:
+        _previous_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = _unraisable
+
+
+def _unraisable(unraisable: Any) -> None:
+    """``sys.unraisablehook``: Python drops an exception raised where it
+    cannot propagate (a finalizer, a weakref callback, a generator's
+    ``finally`` run as it is collected) after printing "Exception ignored".
+    A KeyboardInterrupt of a running job lost that way is delivered again
+    (UserRun.swallowed_interrupt), not printed; anything else goes to the
+    hook that was there before."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        run = _runs.get(threading.get_ident())
+        if run is not None and run.swallowed_interrupt():
+            return
+    (_previous_unraisablehook or sys.__unraisablehook__)(unraisable)
 
 
 def _in_finalizer(frame: Any) -> bool:
