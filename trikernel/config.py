@@ -339,10 +339,10 @@ class KernelConfig:
         minimum=0,
         exclusive=True,
     )
-    busy_switch_interval: float = knob(
+    control_switch_interval: float = knob(
         0.0002,
-        "the switch interval while a cell (or another shell request) has run longer than 5 ms, so control "
-        "and subshell requests are answered during it; the same as switch_interval turns this off",
+        "the switch interval while a control request (kernel_info, interrupt, the debugger's) is received "
+        "and answered, so a cell that holds the GIL delays it less; the same as switch_interval turns this off",
         unit="s",
         minimum=0,
         exclusive=True,

@@ -76,7 +76,6 @@ import trio
 from .badinput import BadInputLog, short
 from .errors import JobInterrupted, KernelShuttingDown, ProtocolError
 from .strict import Refused, refusal
-from .switchinterval import LONG_REQUEST
 from .userrun import Job, UserRun
 from .wire import Message, Signer, serialize, utcnow_iso
 
@@ -259,8 +258,8 @@ class DispatchDeps:
     - ``message_log``: records every reply sent (``--message-log``), or None;
     - ``debugger``: answers ``debug_request`` (debugger.py), or None: every
       debug request then gets a DAP error response;
-    - ``switch``: shortens the thread switch interval while a sequential
-      request runs long (switchinterval.py), or None: left alone.
+    - ``switch``: shortens the thread switch interval while a control
+      request is received and answered (switchinterval.py), or None.
     """
 
     builder: MessageBuilder
@@ -356,15 +355,22 @@ class Dispatcher:
         """The channel task of ``channel`` ("shell" or "control"): read,
         parse and route every message until cancelled."""
         sock = self._d.sockets[channel]
+        switch = self._d.switch if channel == "control" else None
+        if switch is not None:
+            sock.on_wake = switch.shorten  # before the frames are received (switchinterval.py)
         async with trio.open_nursery() as nursery:
             if channel == "shell":
                 self._nursery = nursery
                 nursery.start_soon(self._sequential_lane, self._main_lane)
             task_status.started()
             while True:
-                # no local keeps a message alive between two receives: a
-                # dropped 64 MiB frame is freed at once, not at the next message
-                await self._route(channel, await sock.recv_multipart(), nursery)
+                try:
+                    # no local keeps a message alive between two receives: a
+                    # dropped 64 MiB frame is freed at once, not at the next message
+                    await self._route(channel, await sock.recv_multipart(), nursery)
+                finally:
+                    if switch is not None:
+                        switch.restore()
 
     async def _route(self, channel: str, frames: list[bytes], nursery: trio.Nursery) -> None:
         msg = self._d.parse(channel, frames)
@@ -532,27 +538,12 @@ class Dispatcher:
         else:
             self._d.queue.quiet()  # until its idle (iopub.QUIET_WINDOW)
             lane.user_run.start_job_soon(job)
-            await self._wait_sequential(job)
+            await job.done.wait()
         if isinstance(job.error, KeyboardInterrupt):
             raise JobInterrupted(f"interrupted: {job.error!r}")
         if job.error is not None:
             raise job.error
         return job
-
-    async def _wait_sequential(self, job: Job) -> None:
-        """Wait for a sequential job; once it has run LONG_REQUEST seconds,
-        with the shorter switch interval (switchinterval.py), so this
-        thread answers control and subshells within that long while the
-        job holds the GIL."""
-        switch = self._d.switch
-        if switch is None:
-            await job.done.wait()
-            return
-        with trio.move_on_after(LONG_REQUEST):
-            await job.done.wait()
-        if not job.done.is_set():
-            with switch.long_request():
-                await job.done.wait()
 
     def _reply_from_user_run(
         self,

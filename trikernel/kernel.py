@@ -124,7 +124,7 @@ class Kernel:
                 subshells=self.subshells,
                 message_log=message_log,
                 debugger=self.debugger,
-                switch=SwitchIntervals(config.busy_switch_interval),
+                switch=SwitchIntervals(config.control_switch_interval),
             )
         )
         self.io = IORun(

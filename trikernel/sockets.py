@@ -233,6 +233,10 @@ class TrioSocket:
         self._last_drop_log = -DROP_LOG_INTERVAL
         self._waiter: Any = None  # the reader's trio.CancelScope while it waits
         self._lock = threading.Lock()  # around every libzmq call (send_from_thread)
+        #: called (in the trio run) each time the reader is woken by the
+        #: socket, before it receives: the control socket shortens the
+        #: thread switch interval there (switchinterval.py)
+        self.on_wake: Callable[[], None] | None = None
 
     async def recv_multipart(self) -> list[bytes]:
         """Wait for and return the next message's frames (a checkpoint)."""
@@ -253,6 +257,8 @@ class TrioSocket:
                 finally:
                     with self._lock:
                         self._waiter = None
+                if self.on_wake is not None:
+                    self.on_wake()
 
     def recv_multipart_nowait(self) -> list[bytes] | None:
         """The next message's frames if one is queued, else None (no checkpoint).
