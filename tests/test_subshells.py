@@ -457,6 +457,35 @@ def test_an_interrupt_while_a_subshell_runs_a_finalizer_stops_the_code_after_it(
     assert w.run("1", sid)[0]["content"]["status"] == "ok"
 
 
+def test_a_user_hook_that_chains_to_the_kernels_still_works_after_a_subshell_starts(
+    fresh: tuple[KernelManager, Wire],
+) -> None:
+    """The usual ``old = sys.unraisablehook; sys.unraisablehook = mine``
+    (``mine`` calls ``old``): a subshell's run put the kernel's hook in
+    front again, chained behind ``mine``, and every unraisable exception
+    then recursed until RecursionError (found by review)."""
+    _km, w = fresh
+    setup = "\n".join(
+        [
+            "import sys",
+            "calls = []",
+            "old = sys.unraisablehook",
+            "def mine(u):",
+            "    calls.append(type(u.exc_value).__name__)",
+            "    old(u)",
+            "sys.unraisablehook = mine",
+        ]
+    )
+    assert w.run(setup)[0]["content"]["status"] == "ok"
+    sid = w.create()
+    assert w.run("1", sid)[0]["content"]["status"] == "ok"  # its run is up
+    trigger = "\n".join(["class D:", "    def __del__(self): 1 / 0", "d = D()", "del d", "len(calls)"])
+    reply, out = w.run(trigger)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    results = [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"]
+    assert results == ["1"], (results, [m["content"] for m in out if m["msg_type"] == "stream"])
+
+
 def test_shutdown_with_busy_subshells(fresh: tuple[KernelManager, Wire]) -> None:
     """One subshell ends within the grace, the two others (awaiting, spinning)
     are interrupted after it; the kernel exits 0."""

@@ -122,3 +122,28 @@ def test_an_interval_a_cell_sets_itself_stays(kernel: Any) -> None:
         assert close(float(reply["content"]["user_expressions"]["v"]["data"]["text/plain"]), 0.004)
     finally:
         execute(kc, f"import sys; sys.setswitchinterval({IDLE!r})")
+
+
+def test_a_control_wake_up_without_a_request_leaves_the_interval_alone(kernel: Any) -> None:
+    """A peer connecting to control (a second frontend, a probe) wakes the
+    control task with no message: the interval was left short until the
+    next control request (found by review)."""
+    import zmq
+
+    km, kc = kernel
+    info = km.get_connection_info()
+    ctx = zmq.Context()
+    try:
+        for _ in range(3):
+            peer = ctx.socket(zmq.DEALER)
+            peer.linger = 0
+            peer.connect(f"{info['transport']}://{info['ip']}:{info['control_port']}")
+            time.sleep(0.2)
+            reply, _ = execute(kc, "", user_expressions={"v": "__import__('sys').getswitchinterval()"})
+            assert close(float(reply["content"]["user_expressions"]["v"]["data"]["text/plain"]), IDLE)
+            peer.close()
+            time.sleep(0.2)
+            reply, _ = execute(kc, "", user_expressions={"v": "__import__('sys').getswitchinterval()"})
+            assert close(float(reply["content"]["user_expressions"]["v"]["data"]["text/plain"]), IDLE)
+    finally:
+        ctx.term()

@@ -589,6 +589,69 @@ def test_an_interrupt_lost_in_another_kind_of_finalizer_is_delivered_again(
     assert interrupted(jobs), [j.error for j in jobs]
 
 
+@pytest.mark.parametrize("finalizer", ["del", "weakref", "generator"], ids=["del", "weakref", "generator"])
+def test_a_keyboardinterrupt_user_code_raises_in_a_finalizer_is_left_to_python(finalizer: str) -> None:
+    """No interrupt was asked for: a KeyboardInterrupt that user code itself
+    raises inside a finalizer is printed and dropped, as Python does, and
+    the job runs on (the unraisable hook sent it again as an interrupt:
+    found by review)."""
+    import weakref
+
+    printed: list[str] = []
+    before = sys.unraisablehook
+    sys.unraisablehook = lambda u: printed.append(type(u.exc_value).__name__)  # what the kernel's hook chains to
+
+    class Raises:
+        def __del__(self) -> None:
+            raise KeyboardInterrupt("user code")
+
+    def trigger() -> None:
+        if finalizer == "del":
+            obj = Raises()
+            del obj
+        elif finalizer == "weakref":
+
+            class T:
+                pass
+
+            def callback(_ref: object) -> None:
+                raise KeyboardInterrupt("user code")
+
+            t = T()
+            ref = weakref.ref(t, callback)
+            del t
+            assert ref() is None
+        else:
+
+            def gen() -> Iterator[int]:
+                try:
+                    yield 1
+                finally:
+                    raise KeyboardInterrupt("user code")
+
+            g = gen()
+            next(g)
+            del g
+
+    async def cell() -> str:
+        trigger()
+        end = time.monotonic() + 0.3  # sync code, where a resend would land
+        while time.monotonic() < end:
+            pass
+        return "ran on"
+
+    async def script(io: IoSide) -> None:
+        job = await io.run(cell)
+        assert (job.error, job.result) == (None, "ran on"), job.error
+
+    try:
+        userrun._hook_installed = False  # chain in front of this test's hook
+        drive(script)
+    finally:
+        sys.unraisablehook = before
+    assert printed == ["KeyboardInterrupt"]
+
+
 def test_sigint_disposition_changed_outside_a_job_is_put_back_before_the_next() -> None:
     """A concurrent job (a comm handler) is not followed by a restore; the
     next sequential job restores before it runs."""

@@ -358,6 +358,7 @@ class Dispatcher:
         switch = self._d.switch if channel == "control" else None
         if switch is not None:
             sock.on_wake = switch.shorten  # before the frames are received (switchinterval.py)
+            sock.on_empty_wake = switch.restore
         async with trio.open_nursery() as nursery:
             if channel == "shell":
                 self._nursery = nursery

@@ -234,15 +234,19 @@ class TrioSocket:
         self._waiter: Any = None  # the reader's trio.CancelScope while it waits
         self._lock = threading.Lock()  # around every libzmq call (send_from_thread)
         #: called (in the trio run) each time the reader is woken by the
-        #: socket, before it receives: the control socket shortens the
-        #: thread switch interval there (switchinterval.py)
+        #: socket, before it receives, and when that wake-up brought no
+        #: message (a peer connecting or leaving, ZMQ_FD's edge after a
+        #: send): the control socket shortens the thread switch interval
+        #: for the request, and puts it back if none came (switchinterval.py)
         self.on_wake: Callable[[], None] | None = None
+        self.on_empty_wake: Callable[[], None] | None = None
 
     async def recv_multipart(self) -> list[bytes]:
         """Wait for and return the next message's frames (a checkpoint)."""
         import trio
 
         await trio.lowlevel.checkpoint()
+        woken = False
         while True:
             scope = trio.CancelScope()
             with self._lock:  # the try and the waiter together: a send_from_thread sees the waiter
@@ -251,12 +255,15 @@ class TrioSocket:
                 except zmq.Again:
                     pass
                 self._waiter = scope
+            if woken and self.on_empty_wake is not None:
+                self.on_empty_wake()
             with scope:
                 try:
                     await trio.lowlevel.wait_readable(self.fd)
                 finally:
                     with self._lock:
                         self._waiter = None
+                woken = True
                 if self.on_wake is not None:
                     self.on_wake()
 

@@ -146,8 +146,9 @@ class SubshellRun(UserRun):
         it again, SYNC_INTERRUPT_DELAY on, if the cell is still in that
         step. Called on the subshell's thread (userrun._unraisable)."""
         again = self.interrupt_again
-        if not self.busy or again is None:
-            return False
+        if not self.busy or again is None or self._delivered <= 0:
+            return False  # not ours: user code raised it (printed as Python prints it)
+        self._delivered -= 1
         self._interrupt_steps = self._watch.steps
         log.info("subshell %s: interrupt raised inside a finalizer: raised again", self.subshell_id)
         self._tell_io(again)
@@ -193,6 +194,7 @@ class SubshellRun(UserRun):
             self._interrupt_steps = None
             if self._runner is not None:
                 self._runner.ki_pending = False  # delivered here instead, not again at the next checkpoint
+            self._delivered += 1
             raise_interrupt_in(ident)
         log.info("subshell %s: raised KeyboardInterrupt in running code", self.subshell_id)
         return False

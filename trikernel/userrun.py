@@ -204,6 +204,10 @@ class UserRun:
         #: told on_interrupt of: one that merged with a resend still counts
         self._asked = 0
         self._told = 0
+        #: KeyboardInterrupts this run raised into the running job and not yet
+        #: seen lost (swallowed_interrupt): only those are sent again, never
+        #: one that user code raised itself inside a finalizer
+        self._delivered = 0
         #: called (main thread, from the SIGINT handler or interrupt()) on every
         #: interrupt of this run, before it is delivered: the kernel interrupts
         #: its busy subshells there. Must be quick and must not raise.
@@ -270,6 +274,7 @@ class UserRun:
                 if thread_in_finalizer(main):
                     self._hold()  # raised there, Python would print it and drop it
                 else:
+                    self._delivered += 1
                     raise_interrupt_in(main)
             else:
                 how = "signal"  # the handler checks again when it runs (_wrap_sigint)
@@ -312,10 +317,15 @@ class UserRun:
         """This run's thread just lost a KeyboardInterrupt to a finalizer
         (``sys.unraisablehook``: a ``__del__``, a weakref callback, a
         generator closed as it is collected); called on that thread.
-        Returns True if it will be delivered again (a job runs: the main
-        thread holds it, :meth:`_hold`), so the hook does not print it."""
-        if not self._interruptible:
-            return False
+        Returns True if it will be delivered again (a job runs and this run
+        raised a KeyboardInterrupt into it that has not been seen lost yet:
+        the main thread holds it, :meth:`_hold`), so the hook does not print
+        it. A KeyboardInterrupt user code raises itself in a finalizer is
+        left to Python, unless it comes after an interrupt the cell caught
+        and went on from, in the same cell (then it is taken for that one)."""
+        if not self._interruptible or self._delivered <= 0:
+            return False  # not ours: user code raised it (printed as Python prints it)
+        self._delivered -= 1
         log.info("interrupt raised inside a finalizer: sent again once it is over")
         self._hold()
         return True
@@ -407,6 +417,7 @@ class UserRun:
                 return
             self._held = False
             self._retries = 0
+            self._delivered += 1
             trio_handler(signum, frame)
 
         signal.signal(signal.SIGINT, handler)
@@ -450,6 +461,7 @@ class UserRun:
             else:
                 self._held = False
                 self._retries = 0
+                self._delivered += 1
                 raise_interrupt_in(main)
 
     def _drop_held_if_idle(self) -> None:
@@ -458,6 +470,7 @@ class UserRun:
         if not self._interruptible:
             self._held = False
             self._retries = 0
+            self._delivered = 0
 
     @trio.lowlevel.enable_ki_protection
     async def _run_concurrent(self, job: Job) -> None:
@@ -506,12 +519,21 @@ _runs: dict[int, UserRun] = {}
 _previous_unraisablehook: Callable[[Any], Any] | None = None
 
 
+_hook_installed = False
+
+
 def _install_unraisable_hook() -> None:
-    """Chain :func:`_unraisable` in front of ``sys.unraisablehook`` (once)."""
-    global _previous_unraisablehook
-    if sys.unraisablehook is not _unraisable:
-        _previous_unraisablehook = sys.unraisablehook
-        sys.unraisablehook = _unraisable
+    """Chain :func:`_unraisable` in front of ``sys.unraisablehook``, once per
+    process (the main run, before any user code): installed again by a
+    subshell's run, it would chain itself behind a user hook that chains to
+    it, and every unraisable exception then recursed until RecursionError
+    (found by review). A hook user code puts in front later stays there."""
+    global _previous_unraisablehook, _hook_installed
+    if _hook_installed:
+        return
+    _hook_installed = True
+    _previous_unraisablehook = sys.unraisablehook
+    sys.unraisablehook = _unraisable
 
 
 def _unraisable(unraisable: Any) -> None:
