@@ -254,9 +254,12 @@ class SubshellRegistry:
             self._nursery.start_soon(self._second_stage, busy)
 
     def _again(self, run: SubshellRun) -> None:
-        """io run: a second stage for ``run`` alone (SubshellRun.swallowed_interrupt)."""
+        """io run: a second stage for ``run`` alone (SubshellRun.swallowed_interrupt).
+        Called through the io run's token, where an exception would crash
+        the run: after shutdown closed the nursery there is nothing to do."""
         if self._nursery is not None:
-            self._nursery.start_soon(self._second_stage, [run])
+            with contextlib.suppress(RuntimeError):  # the nursery is closed
+                self._nursery.start_soon(self._second_stage, [run])
 
     async def _second_stage(self, runs: list[SubshellRun]) -> None:
         """SYNC_INTERRUPT_DELAY after an interrupt, raise it in the subshells

@@ -425,7 +425,8 @@ class UserRun:
 
     def _hold(self) -> None:
         """Hold the running job's interrupt: the main thread is inside a
-        ``__del__``. A timer thread tries it again (:meth:`_retry`) after
+        finalizer (a ``__del__`` frame, or one that lost the interrupt:
+        :meth:`swallowed_interrupt`). A timer thread tries it again (:meth:`_retry`) after
         REDELIVER_DELAY, doubling up to REDELIVER_MAX_DELAY. Called with
         ``_interrupt_lock`` held, or from the main thread's SIGINT handler
         without it (the handler may run inside a block that holds it; the
@@ -517,8 +518,6 @@ class UserRun:
 #: thread ident: where _unraisable finds the run whose interrupt was lost.
 _runs: dict[int, UserRun] = {}
 _previous_unraisablehook: Callable[[Any], Any] | None = None
-
-
 _hook_installed = False
 
 
