@@ -652,6 +652,58 @@ def test_a_keyboardinterrupt_user_code_raises_in_a_finalizer_is_left_to_python(f
     assert printed == ["KeyboardInterrupt"]
 
 
+def test_an_interrupt_of_one_cell_is_not_counted_for_the_next_beside_a_comm_handler() -> None:
+    """The count of interrupts raised into a job was reset only once no job
+    at all ran: with a comm handler running beside, an interrupted cell's
+    count carried into the next cell, and a KeyboardInterrupt user code
+    raised there in a finalizer became an interrupt of it (found by review,
+    from the code; this test failed 3 of 5 runs before the fix)."""
+    running = threading.Event()
+    release = threading.Event()
+    printed: list[str] = []
+    before = sys.unraisablehook
+    sys.unraisablehook = lambda u: printed.append(type(u.exc_value).__name__)
+
+    class Raises:
+        def __del__(self) -> None:
+            raise KeyboardInterrupt("user code")
+
+    async def handler() -> None:
+        while not release.is_set():  # noqa: ASYNC110 (a threading.Event the io side sets)
+            await trio.sleep(0.01)
+
+    async def cell() -> bool:
+        running.set()
+        return spin_until(threading.Event())
+
+    async def next_cell() -> str:
+        obj = Raises()
+        del obj
+        end = time.monotonic() + 0.3  # sync code, where a resend would land
+        while time.monotonic() < end:
+            pass
+        return "ran on"
+
+    async def script(io: IoSide) -> None:
+        comm = io.job(handler, concurrent=True)
+        first = io.job(cell)
+        await io.wait(running)
+        io.user_run.interrupt()
+        await io.done(first)
+        assert isinstance(first.error, KeyboardInterrupt), first.error
+        second = await io.run(next_cell)
+        release.set()
+        await io.done(comm)
+        assert (second.error, second.result) == (None, "ran on"), second.error
+
+    try:
+        userrun._hook_installed = False  # chain in front of this test's hook
+        drive(script)
+    finally:
+        sys.unraisablehook = before
+    assert printed == ["KeyboardInterrupt"]
+
+
 def test_sigint_disposition_changed_outside_a_job_is_put_back_before_the_next() -> None:
     """A concurrent job (a comm handler) is not followed by a restore; the
     next sequential job restores before it runs."""

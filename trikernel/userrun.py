@@ -383,6 +383,7 @@ class UserRun:
         try:
             with self._interrupt_lock:
                 self.busy = False
+                self._delivered = 0  # raised into this job: spent, even if a comm handler still runs
                 self._drop_held_if_idle()
             _take_late_interrupt()
         except KeyboardInterrupt:
