@@ -589,25 +589,42 @@ def test_an_interrupt_lost_in_another_kind_of_finalizer_is_delivered_again(
     assert interrupted(jobs), [j.error for j in jobs]
 
 
+@pytest.fixture
+def unraisable(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the exceptions that reach the hook the kernel's chains
+    to (what Python would print as "Exception ignored"); the kernel's hook
+    is put in front of it by the next run, and both are put back after."""
+    printed: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: printed.append(type(u.exc_value).__name__))
+    monkeypatch.setattr(userrun, "_hook_installed", False)
+    return printed
+
+
+class _RaisesInDel:
+    def __del__(self) -> None:
+        raise KeyboardInterrupt("user code")
+
+
+def _sync_work(seconds: float) -> None:
+    """Pure Python for ``seconds``: where a resent interrupt would land."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
 @pytest.mark.parametrize("finalizer", ["del", "weakref", "generator"], ids=["del", "weakref", "generator"])
-def test_a_keyboardinterrupt_user_code_raises_in_a_finalizer_is_left_to_python(finalizer: str) -> None:
+def test_a_keyboardinterrupt_user_code_raises_in_a_finalizer_is_left_to_python(
+    finalizer: str, unraisable: list[str]
+) -> None:
     """No interrupt was asked for: a KeyboardInterrupt that user code itself
     raises inside a finalizer is printed and dropped, as Python does, and
     the job runs on (the unraisable hook sent it again as an interrupt:
     found by review)."""
     import weakref
 
-    printed: list[str] = []
-    before = sys.unraisablehook
-    sys.unraisablehook = lambda u: printed.append(type(u.exc_value).__name__)  # what the kernel's hook chains to
-
-    class Raises:
-        def __del__(self) -> None:
-            raise KeyboardInterrupt("user code")
-
     def trigger() -> None:
         if finalizer == "del":
-            obj = Raises()
+            obj = _RaisesInDel()
             del obj
         elif finalizer == "weakref":
 
@@ -635,24 +652,18 @@ def test_a_keyboardinterrupt_user_code_raises_in_a_finalizer_is_left_to_python(f
 
     async def cell() -> str:
         trigger()
-        end = time.monotonic() + 0.3  # sync code, where a resend would land
-        while time.monotonic() < end:
-            pass
+        _sync_work(0.3)
         return "ran on"
 
     async def script(io: IoSide) -> None:
         job = await io.run(cell)
         assert (job.error, job.result) == (None, "ran on"), job.error
 
-    try:
-        userrun._hook_installed = False  # chain in front of this test's hook
-        drive(script)
-    finally:
-        sys.unraisablehook = before
-    assert printed == ["KeyboardInterrupt"]
+    drive(script)
+    assert unraisable == ["KeyboardInterrupt"]
 
 
-def test_an_interrupt_of_one_cell_is_not_counted_for_the_next_beside_a_comm_handler() -> None:
+def test_an_interrupt_of_one_cell_is_not_counted_for_the_next_beside_a_comm_handler(unraisable: list[str]) -> None:
     """The count of interrupts raised into a job was reset only once no job
     at all ran: with a comm handler running beside, an interrupted cell's
     count carried into the next cell, and a KeyboardInterrupt user code
@@ -660,13 +671,6 @@ def test_an_interrupt_of_one_cell_is_not_counted_for_the_next_beside_a_comm_hand
     from the code; this test failed 3 of 5 runs before the fix)."""
     running = threading.Event()
     release = threading.Event()
-    printed: list[str] = []
-    before = sys.unraisablehook
-    sys.unraisablehook = lambda u: printed.append(type(u.exc_value).__name__)
-
-    class Raises:
-        def __del__(self) -> None:
-            raise KeyboardInterrupt("user code")
 
     async def handler() -> None:
         while not release.is_set():  # noqa: ASYNC110 (a threading.Event the io side sets)
@@ -677,11 +681,9 @@ def test_an_interrupt_of_one_cell_is_not_counted_for_the_next_beside_a_comm_hand
         return spin_until(threading.Event())
 
     async def next_cell() -> str:
-        obj = Raises()
+        obj = _RaisesInDel()
         del obj
-        end = time.monotonic() + 0.3  # sync code, where a resend would land
-        while time.monotonic() < end:
-            pass
+        _sync_work(0.3)
         return "ran on"
 
     async def script(io: IoSide) -> None:
@@ -696,12 +698,8 @@ def test_an_interrupt_of_one_cell_is_not_counted_for_the_next_beside_a_comm_hand
         await io.done(comm)
         assert (second.error, second.result) == (None, "ran on"), second.error
 
-    try:
-        userrun._hook_installed = False  # chain in front of this test's hook
-        drive(script)
-    finally:
-        sys.unraisablehook = before
-    assert printed == ["KeyboardInterrupt"]
+    drive(script)
+    assert unraisable == ["KeyboardInterrupt"]
 
 
 def test_sigint_disposition_changed_outside_a_job_is_put_back_before_the_next() -> None:
