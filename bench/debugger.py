@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _common import RESULTS_DIR, machine, md_table, now_iso, versions, write_json
 from jupyter_client.manager import KernelManager
 
-from trikernel.kernelspec import kernel_json
+from trikernel.launch.kernelspec import kernel_json
 
 DEFINE = """
 import time, trio

@@ -98,7 +98,7 @@ def bench_round_trips(variants: list[str], requests: int) -> dict[str, dict[str,
 
 def validation_cost() -> dict[str, float]:
     """µs per validate_message call for typical client messages (in process)."""
-    from trikernel import msgspec
+    from trikernel.protocol import msgspec
 
     header = {
         "msg_id": "a_1",

@@ -118,7 +118,7 @@ def serve(driver: str) -> None:
 
 async def _serve_trio(driver: str, router: zmq.Socket[Any], meter: _Meter, state: dict[str, int]) -> None:
     if driver == "TrioSocket":
-        from trikernel.sockets import TrioSocket
+        from trikernel.server.sockets import TrioSocket
 
         ts = TrioSocket(router, "bench")
         while True:

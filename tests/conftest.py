@@ -26,7 +26,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from jupyter_kernel_test.msgspec_v5 import msg_structure_validator, schema_fragments, validate_message
 
-from trikernel.cli import EXIT_RUNTIME
+from trikernel.launch.cli import EXIT_RUNTIME
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -184,7 +184,7 @@ class ValidatingClient(BlockingKernelClient):
         elif msg["msg_type"] in DEBUG_TYPES:
             # msgspec_v5 has no debug schemas: the DAP shapes of trikernel/msgspec.py
             # (spec "Debug request", "Debug event"; DAP ProtocolMessage/Response/Event)
-            from trikernel import msgspec
+            from trikernel.protocol import msgspec
 
             msg_structure_validator.validate(msg)
             bad = msgspec.validate_content(msg["msg_type"], msg["content"])

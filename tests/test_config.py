@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from trikernel.config import ConnectionInfo, KernelConfig, load_json_file, parse_connection, write_json_atomic
 from trikernel.errors import ConfigError
+from trikernel.launch.config import KernelConfig
+from trikernel.protocol.connection import ConnectionInfo, load_json_file, parse_connection, write_json_atomic
 
 GOOD = {
     "shell_port": 1,

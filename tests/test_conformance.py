@@ -26,9 +26,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
-from trikernel import msgspec
 from trikernel.conformance import Report, cli, run
 from trikernel.conformance.catalogue import catalogue
+from trikernel.protocol import msgspec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAULTY = os.path.join(HERE, "faulty_kernel.py")

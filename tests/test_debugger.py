@@ -20,8 +20,9 @@ import pytest
 import zmq
 from conftest import TIMEOUT, env_set, start_kernel, stop_kernel
 
-from trikernel import debugger as dbgmod
-from trikernel.kernelspec import kernel_json
+from trikernel.debug import debugger as dbgmod
+from trikernel.launch.kernelspec import kernel_json
+from trikernel.user import cellnames
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -50,7 +51,7 @@ INIT_ARGS = {
     "supportsRunInTerminalRequest": True,
     "locale": "en",
 }
-TRIKERNEL_DIR = os.path.dirname(dbgmod.__file__)
+TRIKERNEL_DIR = os.path.dirname(os.path.dirname(dbgmod.__file__))
 
 
 def _machinery_dirs() -> tuple[str, ...]:
@@ -240,7 +241,7 @@ def session(debug_specs: str) -> Iterator[Debug]:
 
 @pytest.mark.parametrize(("code", "expected"), VECTORS)
 def test_murmur2_vectors(code: str, expected: int) -> None:
-    assert dbgmod.murmur2(code, SEED) == expected
+    assert cellnames.murmur2(code, SEED) == expected
 
 
 def test_kernelspec_metadata_and_argv() -> None:
@@ -259,7 +260,7 @@ def test_kernelspec_without_debugpy() -> None:
     import subprocess
 
     code = (
-        "import sys; sys.modules['debugpy'] = None; from trikernel.kernelspec import kernel_json; "
+        "import sys; sys.modules['debugpy'] = None; from trikernel.launch.kernelspec import kernel_json; "
         "print(kernel_json()['metadata']['debugger'])"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

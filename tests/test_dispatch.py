@@ -1,11 +1,13 @@
-"""Tier 2: the io run (dispatch, stdin bridge, IOPub) with a fake user run.
+"""Tier 2: the io run (server and core, stdin bridge, IOPub) with a fake user run.
 
-The real io run (iorun.IORun with dispatch.Dispatcher, stdinbridge.StdinBridge
-and iopub.IOPubTask) serves real ZeroMQ sockets on loopback, bound by
-sockets.create_and_bind with the default options. The user run is a fake
-(xeus's mock interpreter and ipykernel's MockKernel are the models): jobs
-run as tasks of the io run itself, and FakeJobs answers like ShellJobs
-would, or fails on purpose. Clients are jupyter_client Session objects on
+The real io run (server.iorun.IORun with core.kernelcore.KernelCore,
+server.requests.RequestServer, server.stdin.StdinBridge and
+server.iopubtask.IOPubTask) serves real ZeroMQ sockets on loopback, bound
+by server.sockets.create_and_bind with the default options. The user run is
+a fake (xeus's mock interpreter and ipykernel's MockKernel are the models):
+jobs run as tasks of the io run itself, and FakeJobs answers like
+user.interpreter.Interpreter would, or fails on purpose. The core alone,
+with no ZeroMQ at all, is tests/test_core.py. Clients are jupyter_client Session objects on
 raw DEALER/SUB sockets. No kernel subprocess, no IPython: fast.
 """
 
@@ -21,23 +23,27 @@ import trio
 import zmq
 from jupyter_client.session import Session
 
-from trikernel import sockopts
-from trikernel.badinput import BadInputLog
-from trikernel.config import ConnectionInfo, KernelConfig
-from trikernel.dispatch import ROUTES, DispatchDeps, Dispatcher
+from trikernel.core.badinput import BadInputLog
+from trikernel.core.kernelcore import CoreDeps, KernelCore
+from trikernel.core.table import ROUTES
 from trikernel.errors import KernelShuttingDown
-from trikernel.inbound import InboundParser
-from trikernel.iopub import IOPubQueue, IOPubStats, IOPubTask
-from trikernel.iorun import IORun, IORunParts
-from trikernel.messages import MessageBuilder, kernel_info_content
-from trikernel.sockets import BoundSockets, TrioSocket, create_and_bind
-from trikernel.stdinbridge import StdinBridge
-from trikernel.wire import Message, Signer
+from trikernel.launch.config import KernelConfig
+from trikernel.protocol.connection import ConnectionInfo
+from trikernel.protocol.messages import MessageBuilder, kernel_info_content
+from trikernel.protocol.wire import Message, Signer
+from trikernel.server import sockopts
+from trikernel.server.inbound import InboundParser
+from trikernel.server.iopubqueue import IOPubQueue, IOPubStats
+from trikernel.server.iopubtask import IOPubTask
+from trikernel.server.iorun import IORun, IORunParts
+from trikernel.server.requests import RequestServer
+from trikernel.server.sockets import BoundSockets, TrioSocket, create_and_bind
+from trikernel.server.stdin import StdinBridge
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from trikernel.userrun import Job
+    from trikernel.user.userrun import Job
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,7 +78,7 @@ class FakeUserRun:
 
 @dataclass
 class FakeJobs:
-    """Stands in for jobs.ShellJobs; ``execute`` obeys the cell's code."""
+    """Stands in for user.interpreter.Interpreter; ``execute`` obeys the cell's code."""
 
     execution_count: int = 1
     ran: list[str] = field(default_factory=list)
@@ -219,29 +225,28 @@ def rig() -> Iterator[Rig]:
     parse = InboundParser(signer, bad_input)
     stdin = StdinBridge(builder, parse)
     shut = threading.Event()
-    dispatcher = Dispatcher(
-        DispatchDeps(
+    requests = RequestServer({c: TrioSocket(bound.sockets[c], c) for c in ("shell", "control")}, parse, signer, queue)
+    core = KernelCore(
+        CoreDeps(
             builder=builder,
-            signer=signer,
-            queue=queue,
-            user_run=user_run,  # type: ignore[arg-type]
-            parse=parse,
-            kernel_info=kernel_info_content,
+            transport=requests,
+            main_run=user_run,  # type: ignore[arg-type]
+            kernel_info=lambda: kernel_info_content(debugger=True),
             request_shutdown=shut.set,
             bad_input=bad_input,
-            sockets={c: TrioSocket(bound.sockets[c], c) for c in ("shell", "control")},
         )
     )
+    requests.attach(core)
     iopub = IOPubTask(bound.sockets["iopub"], queue, builder, send_timeout=5.0, warn_after=1.0)
     io = IORun(
         IORunParts(
-            builder, queue, iopub, dispatcher, stdin, TrioSocket(bound.sockets["stdin"], "stdin"), user_run, config
+            builder, queue, iopub, core, requests, stdin, TrioSocket(bound.sockets["stdin"], "stdin"), user_run, config
         )  # type: ignore[arg-type]
     )
     io.start()
     assert io.wait_ready()
     jobs = FakeJobs(stdin=stdin)
-    io.token.run_sync_soon(dispatcher.user_side_ready, jobs)
+    io.token.run_sync_soon(core.user_side_ready, jobs)
     ctx: zmq.Context[Any] = zmq.Context()
     client = Client(ctx, bound.ports)
     try:
@@ -461,7 +466,7 @@ def test_an_abandoned_input_request_is_not_delivered_late() -> None:
     a cell that was interrupted, and its answer would go to no one."""
     from types import SimpleNamespace
 
-    from trikernel.stdinbridge import RETRY_MAX_DELAY, _Slot
+    from trikernel.server.stdin import RETRY_MAX_DELAY, _Slot
 
     class Sock:
         def __init__(self) -> None:

@@ -344,7 +344,7 @@ def test_help_mentions_install_and_version_prints(tmp_path: Any) -> None:
 def test_curve_warning_only_beyond_loopback(jupyter_path: str, tmp_path: Any) -> None:
     """Default Jupyter tools start kernels on loopback without CurveZMQ: no
     warning then (info level); beyond loopback it is a warning."""
-    from trikernel.cli import _is_loopback
+    from trikernel.launch.options import is_loopback as _is_loopback
 
     assert _is_loopback("127.0.0.1")
     assert _is_loopback("::1")

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trikernel import wire
-from trikernel.badinput import DETAIL_CHARS, BadInputLog, short
-from trikernel.config import KernelConfig
+from trikernel.core.badinput import DETAIL_CHARS, BadInputLog, short
 from trikernel.errors import ConfigError, ProtocolError
-from trikernel.messages import MessageBuilder as Session
-from trikernel.wire import DELIM, Signer, WireLimits, deserialize, loads, serialize
+from trikernel.launch.config import KernelConfig
+from trikernel.protocol import wire
+from trikernel.protocol.messages import MessageBuilder as Session
+from trikernel.protocol.wire import DELIM, Signer, WireLimits, deserialize, loads, serialize
 
 KEY = b"fuzz-key"
 PARTS = ("header", "parent_header", "metadata", "content")
@@ -239,7 +239,7 @@ def test_short_keeps_peer_text_on_one_bounded_line():
 
 
 def test_limits_are_kernel_config_fields_with_cli_flags():
-    from trikernel.cli import _run_parser
+    from trikernel.launch.cli import _run_parser
 
     args = _run_parser().parse_args(
         [

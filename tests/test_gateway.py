@@ -31,10 +31,12 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trikernel import commport, gateway, gatewayspec
-from trikernel.config import ConnectionInfo
 from trikernel.errors import BindError, ConfigError, ProtocolError
-from trikernel.sockets import bind_in_range
+from trikernel.launch import gateway, gatewayspec
+from trikernel.protocol import gateway as gwproto
+from trikernel.protocol.connection import ConnectionInfo
+from trikernel.server import commport
+from trikernel.server.sockets import bind_in_range
 
 REPO = Path(__file__).resolve().parents[1]
 BOOTSTRAP = REPO / "containers" / "bootstrap-kernel.sh"
@@ -93,8 +95,8 @@ def sample_conn(curve: bool = False) -> ConnectionInfo:
 @pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
 def test_payload_round_trips_every_field_through_gp_decode(gp: GPServerKeys, curve: bool) -> None:
     conn = sample_conn(curve)
-    info = gateway.connection_info(conn, kernel_id="k-1", comm_port=40006, pid=1234, pgid=1230)
-    got = gp.decode(gateway.build_payload(info, gp.public_key))
+    info = gwproto.connection_info(conn, kernel_id="k-1", comm_port=40006, pid=1234, pgid=1230)
+    got = gp.decode(gwproto.build_payload(info, gp.public_key))
     want = {**info, "key": info["key"].encode()}  # GP hands the key on as bytes
     assert got == want
     expected = {
@@ -107,7 +109,7 @@ def test_payload_round_trips_every_field_through_gp_decode(gp: GPServerKeys, cur
 
 
 def test_payload_shape_is_gp_v1(gp: GPServerKeys) -> None:
-    payload = json.loads(base64.b64decode(gateway.build_payload({"kernel_id": "x"}, gp.public_key)))
+    payload = json.loads(base64.b64decode(gwproto.build_payload({"kernel_id": "x"}, gp.public_key)))
     assert set(payload) == {"version", "key", "conn_info"}
     assert payload["version"] == 1
     assert len(base64.b64decode(payload["key"])) == 128  # one RSA-1024 block: the wrapped 16-byte AES key
@@ -117,9 +119,9 @@ def test_payload_shape_is_gp_v1(gp: GPServerKeys) -> None:
 def test_payload_accepts_a_pem_key_and_a_loaded_key(gp: GPServerKeys) -> None:
     pem = gp._public_pem.decode()
     info = {"kernel_id": "pem"}
-    assert gp.decode(gateway.build_payload(info, pem))["kernel_id"] == "pem"
-    key = gateway.load_public_key(gp.public_key)
-    assert gp.decode(gateway.build_payload(info, key))["kernel_id"] == "pem"
+    assert gp.decode(gwproto.build_payload(info, pem))["kernel_id"] == "pem"
+    key = gwproto.load_public_key(gp.public_key)
+    assert gp.decode(gwproto.build_payload(info, key))["kernel_id"] == "pem"
 
 
 def test_payload_for_another_server_key_is_refused_by_gp(gp: GPServerKeys) -> None:
@@ -130,7 +132,7 @@ def test_payload_for_another_server_key_is_refused_by_gp(gp: GPServerKeys) -> No
         # larger than this key's modulus, when the other key's is larger) or,
         # very rarely, the AES padding does
         with pytest.raises(ValueError, match=r"AES key length|[Pp]adding|Ciphertext too large"):
-            gp.decode(gateway.build_payload({"kernel_id": "k-2"}, other.public_key))
+            gp.decode(gwproto.build_payload({"kernel_id": "k-2"}, other.public_key))
     finally:
         gp._response_registry = {}
 
@@ -138,12 +140,12 @@ def test_payload_for_another_server_key_is_refused_by_gp(gp: GPServerKeys) -> No
 @pytest.mark.parametrize("version", [0, 2, "1"])
 def test_payload_with_another_version_is_refused_by_gp(gp: GPServerKeys, version: Any) -> None:
     with pytest.raises(ValueError, match="version"):
-        gp.decode(gateway.build_payload({"kernel_id": "k-3"}, gp.public_key, version=version))
+        gp.decode(gwproto.build_payload({"kernel_id": "k-3"}, gp.public_key, version=version))
 
 
 def test_each_payload_has_a_fresh_aes_key(gp: GPServerKeys) -> None:
-    a = json.loads(base64.b64decode(gateway.build_payload({"kernel_id": "same"}, gp.public_key)))
-    b = json.loads(base64.b64decode(gateway.build_payload({"kernel_id": "same"}, gp.public_key)))
+    a = json.loads(base64.b64decode(gwproto.build_payload({"kernel_id": "same"}, gp.public_key)))
+    b = json.loads(base64.b64decode(gwproto.build_payload({"kernel_id": "same"}, gp.public_key)))
     assert a["conn_info"] != b["conn_info"]
 
 
@@ -153,7 +155,7 @@ def test_each_payload_has_a_fresh_aes_key(gp: GPServerKeys) -> None:
 )
 def test_bad_public_key_is_one_config_error(value: str, why: str) -> None:
     with pytest.raises(ConfigError, match=rf"^--public-key: .*{why}"):
-        gateway.load_public_key(value)
+        gwproto.load_public_key(value)
 
 
 def test_non_rsa_public_key_is_refused() -> None:
@@ -166,7 +168,7 @@ def test_non_rsa_public_key_is_refused() -> None:
         .public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     with pytest.raises(ConfigError, match=r"^--public-key: not an RSA public key"):
-        gateway.load_public_key(base64.b64encode(der).decode())
+        gwproto.load_public_key(base64.b64encode(der).decode())
 
 
 # ---------------------------------------------------------------------------
@@ -182,19 +184,19 @@ def test_non_rsa_public_key_is_refused() -> None:
     ],
 )  # fmt: skip
 def test_parse_port_range(value: str | None, want: tuple[int, int] | None) -> None:
-    assert gateway.parse_port_range(value) == want
+    assert gwproto.parse_port_range(value) == want
 
 
 @pytest.mark.parametrize("value", ["40000", "a..b", "1..2..3", "-1..5", "41000..40000", "0..70000", "0..5"])
 def test_bad_port_range_names_the_flag(value: str) -> None:
     with pytest.raises(ConfigError, match=r"^--port-range: "):
-        gateway.parse_port_range(value)
+        gwproto.parse_port_range(value)
 
 
 @given(st.integers(1, 65535), st.integers(1, 65535))
 def test_port_range_property(a: int, b: int) -> None:
     lower, upper = min(a, b), max(a, b)
-    got = gateway.parse_port_range(f"{lower}..{upper}")
+    got = gwproto.parse_port_range(f"{lower}..{upper}")
     assert got == (None if lower == upper else (lower, upper))
 
 
@@ -203,13 +205,13 @@ def test_port_range_property(a: int, b: int) -> None:
     [("127.0.0.1:8877", ("127.0.0.1", 8877)), ("gw.example:1", ("gw.example", 1)), ("[::1]:9", ("::1", 9))],
 )
 def test_parse_response_address(value: str, want: tuple[str, int]) -> None:
-    assert gateway.parse_response_address(value) == want
+    assert gwproto.parse_response_address(value) == want
 
 
 @pytest.mark.parametrize("value", [None, "", "127.0.0.1", ":8877", "h:0", "h:70000", "h:x", "{response_address}"])
 def test_bad_response_address_names_the_flag(value: str | None) -> None:
     with pytest.raises(ConfigError, match=r"^--response-address: "):
-        gateway.parse_response_address(value)
+        gwproto.parse_response_address(value)
 
 
 @pytest.mark.parametrize(
@@ -220,12 +222,12 @@ def test_bad_response_address_names_the_flag(value: str | None) -> None:
     ],
 )  # fmt: skip
 def test_parse_transport_encryption(value: str | None, want: str | None) -> None:
-    assert gateway.parse_transport_encryption(value) == want
+    assert gwproto.parse_transport_encryption(value) == want
 
 
 def test_unknown_transport_encryption_policy_stops_start_up() -> None:
     with pytest.raises(ConfigError, match=r"^--transport-encryption: expected auto, required or disabled"):
-        gateway.parse_transport_encryption("requried")
+        gwproto.parse_transport_encryption("requried")
 
 
 GP_ARGV = [  # GP 0.5.0 kernel-specs/ssh_python argv, as DistributedProvisioner substitutes it
@@ -336,16 +338,16 @@ def test_gateway_launch_bad_flag_exits_2_with_one_line(argv: list[str], message:
 @pytest.mark.parametrize(
     ("data", "want"),
     [
-        (b'{"signum": 0}', gateway.CommRequest(0, False)),
-        (b'{"signum": 2}', gateway.CommRequest(2, False)),
-        (b'{"signum": "15"}', gateway.CommRequest(15, False)),
-        (b'{"shutdown": 1}', gateway.CommRequest(None, True)),
-        (b'{"shutdown": 0}', gateway.CommRequest(None, False)),
-        (b'{"signum": 9, "shutdown": true, "extra": [1]}', gateway.CommRequest(9, True)),
+        (b'{"signum": 0}', gwproto.CommRequest(0, False)),
+        (b'{"signum": 2}', gwproto.CommRequest(2, False)),
+        (b'{"signum": "15"}', gwproto.CommRequest(15, False)),
+        (b'{"shutdown": 1}', gwproto.CommRequest(None, True)),
+        (b'{"shutdown": 0}', gwproto.CommRequest(None, False)),
+        (b'{"signum": 9, "shutdown": true, "extra": [1]}', gwproto.CommRequest(9, True)),
     ],
 )
-def test_parse_comm_request(data: bytes, want: gateway.CommRequest) -> None:
-    assert gateway.parse_comm_request(data) == want
+def test_parse_comm_request(data: bytes, want: gwproto.CommRequest) -> None:
+    assert gwproto.parse_comm_request(data) == want
 
 
 @pytest.mark.parametrize(
@@ -355,13 +357,13 @@ def test_parse_comm_request(data: bytes, want: gateway.CommRequest) -> None:
 )  # fmt: skip
 def test_bad_comm_request_is_a_protocol_error(data: bytes) -> None:
     with pytest.raises(ProtocolError):
-        gateway.parse_comm_request(data)
+        gwproto.parse_comm_request(data)
 
 
 @given(st.binary(max_size=64))
 def test_parse_comm_request_never_raises_anything_else(data: bytes) -> None:
     with contextlib.suppress(ProtocolError):
-        gateway.parse_comm_request(data)
+        gwproto.parse_comm_request(data)
 
 
 # ---------------------------------------------------------------------------
@@ -420,7 +422,7 @@ def test_bind_in_range_finds_the_one_free_port_and_keeps_it() -> None:
 
 
 def test_create_and_bind_within_a_range_holds_five_ports_inside_it() -> None:
-    from trikernel.sockets import create_and_bind
+    from trikernel.server.sockets import create_and_bind
 
     base, held = _free_block(12)
     for s in held:
@@ -441,7 +443,7 @@ def test_bind_comm_listener_listens_in_range() -> None:
     base, held = _free_block(4)
     for s in held:
         s.close()
-    sock = gateway.bind_comm_listener("127.0.0.1", (base, base + 3))
+    sock = commport.bind_comm_listener("127.0.0.1", (base, base + 3))
     try:
         port = sock.getsockname()[1]
         assert base <= port <= base + 3
@@ -552,7 +554,7 @@ def test_comm_port_drops_oversized_and_slow_requests_and_keeps_serving(caplog: p
 
 
 def test_comm_port_service_serves_a_duplicate_and_the_owner_closes_the_port() -> None:
-    sock = gateway.bind_comm_listener("127.0.0.1", None)
+    sock = commport.bind_comm_listener("127.0.0.1", None)
     port = sock.getsockname()[1]
     rec = Recorder()
     service = commport.service(sock, on_signal=rec.on_signal, on_shutdown=rec.on_shutdown)

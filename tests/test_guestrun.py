@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import trio
 
-from trikernel import guestrun
+from trikernel.user import guestrun
 
 pytestmark = [
     pytest.mark.timeout(60),

@@ -161,7 +161,7 @@ def tk_kernel(request, jupyter_path, xvfb_display) -> Iterator[tuple[KernelManag
     if not HAS_TK:
         pytest.skip("this Python has no tkinter (Debian: python3-tk)")
     km, kc = start_kernel(request.param, env=kernel_env(DISPLAY=xvfb_display))
-    ok(kc, "import time, tkinter as tk\nimport trikernel.guestrun as guestrun\ntcl = tk.Tcl()\n" + TICKER)
+    ok(kc, "import time, tkinter as tk\nimport trikernel.user.guestrun as guestrun\ntcl = tk.Tcl()\n" + TICKER)
     yield km, kc
     stop_kernel(km, kc)
 
@@ -184,7 +184,7 @@ def tk_kernel(request, jupyter_path, xvfb_display) -> Iterator[tuple[KernelManag
 def qt_kernel(request, jupyter_path) -> Iterator[tuple[KernelManager, ValidatingClient]]:
     mode, api = request.param
     km, kc = start_kernel(mode, env=kernel_env(QT_QPA_PLATFORM="offscreen", QT_API=api))
-    ok(kc, "import time\nimport trikernel.guestrun as guestrun\n" + TICKER)
+    ok(kc, "import time\nimport trikernel.user.guestrun as guestrun\n" + TICKER)
     yield km, kc
     stop_kernel(km, kc)
 
@@ -460,7 +460,7 @@ def test_qt_that_cannot_start_is_a_usage_error_not_a_dead_kernel(jupyter_path):
         err = usage_error(kc, "%gui qt")
         assert "cannot start" in err, err
         assert "no-such-platform" in err, err
-        _, out = ok(kc, "import trikernel.guestrun as g\nprint(g.current().host)")
+        _, out = ok(kc, "import trikernel.user.guestrun as g\nprint(g.current().host)")
         assert stdout_of(out) == "None\n"
     finally:
         stop_kernel(km, kc)

@@ -26,7 +26,7 @@ import pytest
 import zmq
 
 from trikernel.errors import ConfigError, HandshakeError, ProtocolError
-from trikernel.handshake import (
+from trikernel.protocol.handshake import (
     PORT_NAMES,
     Dialect,
     RegistrationInfo,
@@ -41,9 +41,9 @@ from trikernel.handshake import (
     parse_ack,
     parse_registration,
     parse_registration_frames,
-    register,
 )
-from trikernel.wire import DELIM, Signer
+from trikernel.protocol.wire import DELIM, Signer
+from trikernel.server.registration import register
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from IPython.core.interactiveshell import InteractiveShellABC
 
-from trikernel.history import HistoryManager
+from trikernel.user.history import HistoryManager
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -32,9 +32,10 @@ import pytest
 import trio
 import zmq
 
-from trikernel.iopub import IO_OVERDRAFT, IOPubQueue, IOPubStats, IOPubTask
-from trikernel.messages import MessageBuilder as Session
-from trikernel.wire import Message, Signer, deserialize
+from trikernel.protocol.messages import MessageBuilder as Session
+from trikernel.protocol.wire import Message, Signer, deserialize
+from trikernel.server.iopubqueue import IO_OVERDRAFT, IOPubQueue, IOPubStats
+from trikernel.server.iopubtask import IOPubTask
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -315,7 +316,7 @@ def test_sealing_ends_the_hold_on_an_open_stream_batch(rig_factory: Any, monkeyp
     seals it (here from another thread, as a display after a print) ends
     the hold at once instead of after it (issue 12: an idle or a result
     right after a print). With a 30 s hold, only the seal can make it leave."""
-    import trikernel.iopub as iopub_mod
+    import trikernel.server.iopubtask as iopub_mod
 
     monkeypatch.setattr(iopub_mod, "FIRST_WRITE_DELAY", 30.0)
     rig = rig_factory()
@@ -337,7 +338,7 @@ def test_a_lone_message_after_a_pause_is_not_held_back(rig_factory: Any, monkeyp
     """Adaptive batching: the gather window applies inside a burst only. With
     a 30 s window, a lone message from another thread after a pause must
     still leave at once."""
-    import trikernel.iopub as iopub_mod
+    import trikernel.server.iopubqueue as iopub_mod
 
     monkeypatch.setattr(iopub_mod, "GATHER_WINDOW", 30.0)
     rig = rig_factory()

@@ -454,7 +454,7 @@ sys.addaudithook(_hook)
 #: fd relay (trikernel.fdcapture), and trio's ``ctypes.util.find_library("pthread")``
 #: at import, which runs ``ldconfig -p`` once (trio/_core/_thread_cache.py).
 ALLOWED_PROGRAMS = {
-    ("python", "trikernel/fdcapture.py"),
+    ("python", "trikernel/user/fdcapture.py"),
     ("ldconfig", "trio/_core/_thread_cache.py"),
 }
 
@@ -482,5 +482,7 @@ def test_kernel_starts_no_program_of_its_own_but_the_fd_relay(tmp_path):
         name = os.path.basename(program).rstrip("0123456789.")  # python3.11 -> python
         return next((a for a in ALLOWED_PROGRAMS if a[0] == name and caller.endswith("/" + a[1])), None)
 
-    assert ("python", "trikernel/fdcapture.py") in {allowed(*s) for s in started}, started  # the hook saw the relay
+    assert ("python", "trikernel/user/fdcapture.py") in {allowed(*s) for s in started}, (
+        started
+    )  # the hook saw the relay
     assert all(allowed(*s) for s in started), started

@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from conftest import TIMEOUT, collect_outputs, execute, make_kernelspec, start_kernel, stdout_of, stop_kernel
 
-from trikernel.config import ConnectionInfo, KernelConfig
-from trikernel.messagelog import REDACTED, MessageLog, summary
-from trikernel.messages import MessageBuilder
-from trikernel.wire import Signer, serialize
+from trikernel.launch.config import KernelConfig
+from trikernel.protocol.connection import ConnectionInfo
+from trikernel.protocol.messages import MessageBuilder
+from trikernel.protocol.wire import Signer, serialize
+from trikernel.server.messagelog import REDACTED, MessageLog, summary
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -104,7 +105,7 @@ def test_a_line_has_the_fields_and_never_the_signature(tmp_path: Any) -> None:
 def test_lines_are_the_same_without_orjson(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The writer puts frames into lines as they are (orjson.Fragment, or
     text when orjson is not installed); the lines parse to the same."""
-    from trikernel import messagelog
+    from trikernel.server import messagelog
 
     request = BUILDER.msg("execute_request", {"code": "print('é\\n')", "n": [1.5, None, True]})
     frames = serialize(request, SIGNER)

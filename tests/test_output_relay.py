@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd, SEEK_DATA, PUNCH_HOLE")
 
-from trikernel import _fdrelay, fdcapture  # noqa: E402
+from trikernel.user import _fdrelay, fdcapture  # noqa: E402
 
 LIMIT = 1 << 20
 

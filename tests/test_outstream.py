@@ -32,11 +32,12 @@ import pytest
 import trio
 import zmq
 
-from trikernel import threadparent
-from trikernel.iopub import IOPubQueue, IOPubStats, IOPubTask
-from trikernel.messages import MessageBuilder
-from trikernel.outstream import OutStream, ParentTracker, Publisher, current_request
-from trikernel.wire import Message, Signer, deserialize
+from trikernel.protocol.messages import MessageBuilder
+from trikernel.protocol.wire import Message, Signer, deserialize
+from trikernel.server.iopubqueue import IOPubQueue, IOPubStats
+from trikernel.server.iopubtask import IOPubTask
+from trikernel.user import threadparent
+from trikernel.user.outstream import OutStream, ParentTracker, Publisher, current_request
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -3,7 +3,7 @@
 Real kernels: xeus-python 0.19 from PyPI (dialect J, JEP 66), ipykernel
 (classic; kernelspec says 5.5 and must not get the handshake), trikernel
 (mode C; waits on cli.py), and a small in-test "mini kernel" that binds five
-sockets and registers with trikernel.handshake.register (to check the
+sockets and registers with trikernel.server.registration.register (to check the
 launcher rules: 0600 file at its own path, both dialects, refusal of a wrong
 kernel_id, dropping a bad signature). Loopback only.
 """
@@ -27,8 +27,8 @@ from jupyter_client.provisioning import LocalProvisioner
 from jupyter_client.provisioning.factory import KernelProvisionerFactory
 
 from trikernel.errors import HandshakeError
-from trikernel.handshake import PORT_NAMES
-from trikernel.provisioner import HandshakeProvisioner, wants_handshake, write_registration_file
+from trikernel.launch.provisioner import HandshakeProvisioner, wants_handshake, write_registration_file
+from trikernel.protocol.handshake import PORT_NAMES
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -52,7 +52,8 @@ def provisioner_entry_point(tmp_path_factory: pytest.TempPathFactory) -> Iterato
     dist = root / "trikernel_test_entrypoint-0.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: trikernel-test-entrypoint\nVersion: 0.0\n")
-    (dist / "entry_points.txt").write_text(f"[{EP_GROUP}]\n{EP_NAME} = trikernel.provisioner:HandshakeProvisioner\n")
+    entry = "trikernel.launch.provisioner:HandshakeProvisioner"
+    (dist / "entry_points.txt").write_text(f"[{EP_GROUP}]\n{EP_NAME} = {entry}\n")
     sys.path.insert(0, str(root))
     try:
         yield
@@ -275,7 +276,7 @@ def test_silent_kernel_is_killed_after_timeout(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Launcher rules with a mini kernel that uses trikernel.handshake.register
+# Launcher rules with a mini kernel that uses trikernel.server.registration.register
 # ---------------------------------------------------------------------------
 
 MINI_KERNEL = textwrap.dedent(
@@ -283,8 +284,9 @@ MINI_KERNEL = textwrap.dedent(
     import json, os, stat, sys, time
     import zmq
     from trikernel.errors import HandshakeError
-    from trikernel.handshake import PORT_NAMES, parse_registration, register
-    from trikernel.wire import Signer
+    from trikernel.protocol.handshake import PORT_NAMES, parse_registration
+    from trikernel.server.registration import register
+    from trikernel.protocol.wire import Signer
 
     args = sys.argv[1:]
     path, mode, report = args[args.index("-f") + 1], args[args.index("--mode") + 1], args[args.index("--report") + 1]

@@ -44,7 +44,7 @@ import trio
 import trio.testing
 import zmq
 
-from trikernel.sockets import TrioSocket
+from trikernel.server.sockets import TrioSocket
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator

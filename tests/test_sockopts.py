@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 import pytest
 import zmq
 
-from trikernel import sockopts
-from trikernel.channels import SOCKET_TYPE_NAMES
 from trikernel.errors import ConfigError
-from trikernel.sockopts import (
+from trikernel.protocol.channels import SOCKET_TYPE_NAMES
+from trikernel.server import sockopts
+from trikernel.server.sockopts import (
     BOOLEAN,
     CATALOGUE,
     CHANNEL_SOCKET_TYPES,

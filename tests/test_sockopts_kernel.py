@@ -36,7 +36,7 @@ import pytest
 import zmq
 
 from trikernel.errors import ConfigError
-from trikernel.sockopts import CHANNELS, ENV_VAR, resolve
+from trikernel.server.sockopts import CHANNELS, ENV_VAR, resolve
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from conftest import TIMEOUT, collect_outputs, execute, make_kernelspec, start_kernel, stdout_of, stop_kernel
 
-from trikernel import msgspec, strict
-from trikernel.messages import MessageBuilder
+from trikernel.protocol import msgspec, strict
+from trikernel.protocol.messages import MessageBuilder
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

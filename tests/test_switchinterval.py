@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from conftest import TIMEOUT, execute
 
-from trikernel.config import KernelConfig
-from trikernel.switchinterval import SwitchIntervals
+from trikernel.launch.config import KernelConfig
+from trikernel.server.switchinterval import SwitchIntervals
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

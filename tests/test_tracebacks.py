@@ -42,7 +42,7 @@ from conftest import (
 from IPython.utils.path import compress_user
 
 import trikernel
-from trikernel import tracebacks
+from trikernel.user import tracebacks
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -943,7 +943,7 @@ def test_a_task_the_first_cell_starts_is_in_the_user_nursery(jupyter_path):
 
     from jupyter_client.manager import KernelManager
 
-    from trikernel.cli import EXIT_RUNTIME
+    from trikernel.launch.cli import EXIT_RUNTIME
 
     counted, port_races = 0, 0
     while counted < 4:

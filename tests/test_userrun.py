@@ -33,9 +33,10 @@ from typing import Any
 import pytest
 import trio
 
-from trikernel import userrun
+from trikernel.core.job import Job
 from trikernel.errors import KernelShuttingDown
-from trikernel.userrun import SEQ_BUFFER, Job, UserRun
+from trikernel.user import userrun
+from trikernel.user.userrun import SEQ_BUFFER, UserRun
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -993,28 +994,42 @@ def test_a_run_off_the_main_thread_leaves_sigint_alone() -> None:
 # ---------------------------------------------------------------- replies from the user run
 
 
+class ThreadReply:
+    """Stands in for core.context.RequestContext in a Job: calls ``send``
+    with the job's result on the thread that ran it, as the reply leaving
+    from the user run; ``replied`` says it returned."""
+
+    def __init__(self, send: Any):
+        self.send = send
+        self.replied = False
+
+    def reply_from_thread(self, content: Any) -> None:
+        self.send(content)
+        self.replied = True
+
+
 def test_a_job_reply_is_sent_in_the_user_run_before_the_io_run_is_told() -> None:
-    """Job(reply=...): the reply callable gets the result on the thread that
-    ran the job, after the SIGINT handler is back and the job stopped being
-    interruptible, before ``done``; what it returns is ``replied``."""
+    """Job(fn, context): the context's reply_from_thread gets the result on
+    the thread that ran the job, after the SIGINT handler is back and the
+    job stopped being interruptible, before ``done``."""
     ur = UserRun()
     seen: dict[str, Any] = {}
 
     async def fn() -> str:
         return "content"
 
-    def reply(result: Any) -> int:
+    def reply(result: Any) -> None:
         seen["result"] = result
         seen["main"] = threading.current_thread() is threading.main_thread()
         seen["interruptible"] = ur._interruptible
-        return 3
 
     async def script(io: IoSide) -> None:
-        job = Job(fn, reply)
+        ctx = ThreadReply(reply)
+        job = Job(fn, ctx)  # type: ignore[arg-type]
         seen["job"] = job
         io.user_run.start_job_soon(job)
         await io.done(job)
-        assert job.replied == 3
+        assert ctx.replied
         assert job.result == "content"
         assert job.error is None
 
@@ -1028,14 +1043,15 @@ def test_a_reply_that_fails_is_left_to_the_io_run(caplog: pytest.LogCaptureFixtu
     async def fn() -> int:
         return 7
 
-    def reply(result: Any) -> int:
+    def reply(result: Any) -> None:
         raise RuntimeError("socket closed")
 
     async def script(io: IoSide) -> None:
-        job = Job(fn, reply)
+        ctx = ThreadReply(reply)
+        job = Job(fn, ctx)  # type: ignore[arg-type]
         io.user_run.start_job_soon(job)
         await io.done(job)
-        assert job.replied == 0
+        assert not ctx.replied
         assert job.result == 7
         assert job.error is None
 
@@ -1051,11 +1067,12 @@ def test_no_reply_from_the_user_run_for_a_job_that_raised() -> None:
         raise ValueError("in the job")
 
     async def script(io: IoSide) -> None:
-        job = Job(fn, lambda result: calls.append(result) or 1)
+        ctx = ThreadReply(calls.append)
+        job = Job(fn, ctx)  # type: ignore[arg-type]
         io.user_run.start_job_soon(job)
         await io.done(job)
         assert isinstance(job.error, ValueError)
-        assert job.replied == 0
+        assert not ctx.replied
 
     drive(script)
     assert calls == []
@@ -1075,12 +1092,11 @@ def test_an_interrupt_once_the_reply_may_leave_never_hits_the_next_job() -> None
     async def nap() -> None:
         await trio.sleep(0.05)
 
-    def reply(result: Any) -> int:
+    def reply(result: Any) -> None:
         ur.interrupt()  # what the io run does for an interrupt_request sent on seeing the reply
-        return 1
 
     async def script(io: IoSide) -> None:
-        job = Job(first, reply)
+        job = Job(first, ThreadReply(reply))  # type: ignore[arg-type]
         io.user_run.start_job_soon(job)
         nxt = io.job(nap)  # queued behind it at once; a pending KI would land in its sleep
         await io.done(job, nxt)
@@ -1097,16 +1113,17 @@ def test_an_interrupt_landing_after_the_job_code_still_tells_the_io_run(caplog: 
     async def fn() -> int:
         return 7
 
-    def reply(result: Any) -> int:
+    def reply(result: Any) -> None:
         raise KeyboardInterrupt
 
     async def script(io: IoSide) -> None:
-        job = Job(fn, reply)
+        ctx = ThreadReply(reply)
+        job = Job(fn, ctx)  # type: ignore[arg-type]
         io.user_run.start_job_soon(job)
         await io.done(job)
         assert job.result == 7
         assert job.error is None
-        assert job.replied == 0
+        assert not ctx.replied
         assert (await io.run(checkpoints)).error is None
 
     with caplog.at_level(logging.INFO, logger="trikernel.userrun"):
@@ -1143,7 +1160,7 @@ def test_an_async_interrupt_decided_as_the_job_ends_never_lands_after_it(monkeyp
         assert spin_until(checked)
         return "ok"
 
-    def reply(result: Any) -> int:
+    def reply(result: Any) -> None:
         deadline = time.monotonic() + 0.2
         try:
             while time.monotonic() < deadline:
@@ -1151,10 +1168,9 @@ def test_an_async_interrupt_decided_as_the_job_ends_never_lands_after_it(monkeyp
         except KeyboardInterrupt:
             seen["late"] = True
             raise
-        return 1
 
     async def script(io: IoSide) -> None:
-        job = Job(fn, reply)
+        job = Job(fn, ThreadReply(reply))  # type: ignore[arg-type]
         io.user_run.start_job_soon(job)
         await io.wait(in_job)
         armed.set()

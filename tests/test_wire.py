@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trikernel.errors import ConfigError, ProtocolError
-from trikernel.messages import MessageBuilder as Session
-from trikernel.wire import DELIM, Message, Signer, deserialize, serialize
+from trikernel.protocol.messages import MessageBuilder as Session
+from trikernel.protocol.wire import DELIM, Message, Signer, deserialize, serialize
 
 KEY = b"secret-key"
 

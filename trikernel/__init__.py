@@ -2,6 +2,9 @@
 
 Public API: ``nursery`` (the user nursery that outlives cells, available once
 the kernel runs), ``__version__``.
+
+Runs on: any thread (no code runs here; ``nursery`` is set once, on the
+main thread, by the user side's set-up, and read from any thread).
 """
 
 from __future__ import annotations

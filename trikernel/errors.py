@@ -8,9 +8,14 @@
 - ``BindError``: a port could not be bound on this host.
 - ``JobInterrupted``, ``KernelShuttingDown``: how a job in the user run
   ended, as seen from the io run (kernel-internal).
+- ``InputNotDelivered``: an ``input_request`` could not reach the client's
+  stdin channel in time; ``input()`` raises IPython's
+  StdinNotImplementedError for it (user/interpreter.py).
 - ``GuiError``: a GUI event loop the user asked for (``%gui``,
   ``%matplotlib``) cannot host the user run. User's request: shown in the
   cell as a UsageError; the run goes on as it was.
+
+Runs on: any thread (pure: exception classes only).
 """
 
 from __future__ import annotations
@@ -61,6 +66,14 @@ class JobInterrupted(TrikernelError):
 
 class KernelShuttingDown(TrikernelError):
     """A job was submitted to, or cancelled in, a user run that is stopping."""
+
+
+class InputNotDelivered(TrikernelError):
+    """The ``input_request`` of an ``input()`` could not be delivered: the
+    client's stdin socket did not connect within the bridge's route timeout
+    (server/stdin.py). The user side turns it into IPython's
+    ``StdinNotImplementedError``, what ``input()`` raises when a request
+    says ``allow_stdin: false``."""
 
 
 class GuiError(TrikernelError):

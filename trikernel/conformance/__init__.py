@@ -13,10 +13,13 @@ Modules: ``cli`` (arguments, table, JSON), ``runner`` (order, recovery),
 ``client`` (raw sockets), ``audit`` (every-message checks), ``snippets``
 (code per language), ``checks_*`` (the checks), ``verdict``. Message
 validation itself is :mod:`trikernel.msgspec`.
+
+Runs on: the client's process, on the caller's thread only (blocking
+pyzmq and jupyter_client; the suite starts no threads of its own).
 """
 
 from __future__ import annotations
 
-from .runner import Report, Row, UsageError, run
+from trikernel.conformance.runner import Report, Row, UsageError, run
 
 __all__ = ["Report", "Row", "UsageError", "run"]

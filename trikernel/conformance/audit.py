@@ -19,6 +19,9 @@ Categories (spec sections in :data:`SECTIONS`):
 
 Keeps O(1) memory per message (a msg_id set) and no message bodies.
 Caller's thread only.
+
+Runs on: the client side, the suite's thread only (``Channels`` calls it
+for each message it receives).
 """
 
 from __future__ import annotations
@@ -28,12 +31,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .. import msgspec
+from trikernel.protocol import msgspec
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .client import Received
+    from trikernel.conformance.received import Received
 
 CATEGORIES = ("header", "msg_id", "date", "version", "signature", "content", "parent")
 SECTIONS = {
@@ -57,6 +60,9 @@ class Tally:
     examples: list[str] = field(default_factory=list)
 
     def add(self, example: str) -> None:
+        """Count one departure in this category and keep ``example`` (one line of text naming the
+        message and what was wrong) if fewer than :data:`EXAMPLES` are kept. ``checked`` is
+        the caller's to count."""
         self.bad += 1
         if len(self.examples) < EXAMPLES:
             self.examples.append(example)

@@ -14,6 +14,9 @@ by phase:
 - ``fresh``: checks that start kernels of their own (start-up handshakes).
 
 Caller's thread only.
+
+Runs on: the client side, the suite's thread only (checks register at
+import; the runner runs them one at a time).
 """
 
 from __future__ import annotations
@@ -23,14 +26,14 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from .snippets import Python, for_language
-from .verdict import Skip, Verdict
+from trikernel.conformance.snippets import Python, for_language
+from trikernel.conformance.verdict import Skip, Verdict
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from .client import Channels
-    from .kernel import Deadlines, KernelUnderTest
+    from trikernel.conformance.client import Channels
+    from trikernel.conformance.kernel import Deadlines, KernelUnderTest
 
 Phase = Literal["shared", "audit", "final", "fresh"]
 PHASES: tuple[Phase, ...] = ("shared", "audit", "final", "fresh")
@@ -47,10 +50,14 @@ class Ctx:
 
     @property
     def ch(self) -> Channels:
+        """The suite's :class:`~.client.Channels` to the current kernel process (a new object
+        after each restart). Raises :class:`~.verdict.Fail` when the kernel did not start."""
         return self.k.ch
 
     @property
     def language(self) -> str:
+        """The kernel's ``language_info.name`` from its ``kernel_info_reply`` (messaging spec
+        "Kernel info"); ``""`` when it gave none or ``language_info`` is not an object."""
         li = self.k.info.get("language_info") or {}
         return str(li.get("name", "")) if isinstance(li, dict) else ""
 
@@ -64,6 +71,8 @@ class Ctx:
 
     @property
     def has_code(self) -> bool:
+        """Whether :mod:`.snippets` has a code profile for the kernel's language, i.e. whether
+        checks that run code can run (:attr:`code` would not raise Skip)."""
         return for_language(self.language) is not None
 
 

@@ -7,13 +7,16 @@ still sees every common message type.
 
 Spec: messaging "General Message Format", "Message Header", "Parent
 header", "The Wire Protocol", and each message type's section.
+
+Runs on: the client side, the suite's thread only (the runner runs each
+check to its end, one at a time).
 """
 
 from __future__ import annotations
 
-from .audit import SECTIONS
-from .catalogue import Ctx, check
-from .verdict import Fail, Verdict, verdict
+from trikernel.conformance.audit import SECTIONS
+from trikernel.conformance.catalogue import Ctx, check
+from trikernel.conformance.verdict import Fail, Verdict, verdict
 
 
 def _traffic(ctx: Ctx) -> None:

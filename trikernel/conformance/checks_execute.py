@@ -2,18 +2,24 @@
 
 Spec: messaging "Kernel info", "Execute", "Execution counter", "Execution
 results", "Execution errors", "Request-Reply", "Kernel status", "Code inputs".
+
+Runs on: the client side, the suite's thread only (the runner runs each
+check to its end, one at a time).
 """
 
 from __future__ import annotations
 
 import contextlib
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import msgspec
-from .catalogue import Ctx, check
-from .client import Received, is_busy, is_idle, stream_text
-from .verdict import Fail, Verdict, failed, passed, verdict
+from trikernel.conformance.catalogue import Ctx, check
+from trikernel.conformance.client import is_busy, is_idle, stream_text
+from trikernel.conformance.verdict import Fail, Verdict, failed, passed, verdict
+from trikernel.protocol import msgspec
+
+if TYPE_CHECKING:
+    from trikernel.conformance.received import Received
 
 S = msgspec.SECTIONS
 OUTPUTS = frozenset({"stream", "display_data", "update_display_data", "execute_result", "error", "clear_output"})
@@ -42,6 +48,8 @@ def run_ok(ctx: Ctx, code: str, **kw: Any) -> tuple[Received, list[Received]]:
 
 
 def unique(stem: str) -> str:
+    """A fresh global name for the kernel's namespace, ``conformance_<stem>_<6 hex digits>``, so
+    that a check's counters never meet those of an earlier check or run."""
     return f"conformance_{stem}_{uuid.uuid4().hex[:6]}"
 
 
@@ -270,7 +278,7 @@ def status_busy_idle(ctx: Ctx) -> Verdict:
 def status_reply_before_idle(ctx: Ctx) -> Verdict:
     """the reply is sent before the idle status (kernel's header dates, else arrival order)"""
     reqs = _one_of_each(ctx)
-    from .audit import _when
+    from trikernel.conformance.audit import _when
 
     late: list[str] = []
     judged = 0
@@ -301,6 +309,10 @@ QUEUED = 20
     f"'Run All' with a failing first cell: none of {QUEUED} queued cells runs; a cell sent after runs",
 )
 def stop_on_error_run_all(ctx: Ctx) -> Verdict:
+    """Check ``stop_on_error.run_all`` (messaging spec "Execute", ``stop_on_error``): a cell that
+    sleeps 0.3 s and raises, with :data:`QUEUED` cells sent behind it at once; PASS when it
+    fails, none of the queued cells runs (their replies say error or aborted) and a cell sent
+    after their replies runs. The figure counts the queued cells that ran."""
     ch, code = ctx.ch, ctx.code
     name = unique("ran")
     first = ch.execute(code.sleep_then_fail(0.3))

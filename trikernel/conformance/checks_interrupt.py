@@ -9,18 +9,21 @@ a normal run of the next cell. They run last among the shared checks: a
 kernel that does not survive is restarted for what follows.
 
 Spec: messaging "Kernel interrupt"; kernels.rst "Kernel specs".
+
+Runs on: the client side, the suite's thread only (a signal through
+jupyter_client, or an interrupt_request on the suite's control socket).
 """
 
 from __future__ import annotations
 
 import time
 
-from .. import msgspec
-from .catalogue import Ctx, check
-from .checks_execute import run_ok
-from .checks_stdin import input_request_of
-from .client import stream_text
-from .verdict import Fail, Verdict, failed, verdict
+from trikernel.conformance.catalogue import Ctx, check
+from trikernel.conformance.checks_execute import run_ok
+from trikernel.conformance.checks_stdin import input_request_of
+from trikernel.conformance.client import stream_text
+from trikernel.conformance.verdict import Fail, Verdict, failed, verdict
+from trikernel.protocol import msgspec
 
 S = msgspec.SECTIONS
 MARKER = "CONFORMANCE-STARTED"

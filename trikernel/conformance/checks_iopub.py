@@ -14,19 +14,25 @@
 
 Spec: messaging "Messages on the IOPub (XPUB/SUB) channel", "Welcome
 message"; JEP 65.
+
+Runs on: the client side, the suite's thread only (every subscriber is a
+SUB socket read from that thread by ``Channels.pump``).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from .. import msgspec
-from .catalogue import Ctx, check
-from .client import Received, is_idle
-from .verdict import Fail, Verdict, failed, verdict
+from trikernel.conformance.catalogue import Ctx, check
+from trikernel.conformance.client import is_idle
+from trikernel.conformance.verdict import Fail, Verdict, failed, verdict
+from trikernel.protocol import msgspec
+
+if TYPE_CHECKING:
+    from trikernel.conformance.received import Received
 
 S = msgspec.SECTIONS
 SEC_IOPUB = "messaging § Messages on the IOPub (XPUB/SUB) channel"
@@ -167,6 +173,11 @@ def iopub_late_joiner(ctx: Ctx) -> Verdict:
     "iopub.flood", SEC_IOPUB + " (no message lost)", f"{FLOOD_LINES:,} prints arrive complete and in order before idle"
 )
 def iopub_flood(ctx: Ctx) -> Verdict:
+    """Check ``iopub.flood`` (messaging spec "Messages on the IOPub (XPUB/SUB) channel"): one
+    cell prints :data:`FLOOD_LINES` numbered lines; PASS when stdout arrives complete and in
+    order before idle, within ``Deadlines.flood`` seconds. Fails early, after
+    :data:`PROJECT_AFTER` seconds, when the rate seen so far cannot finish within the
+    deadline."""
     ch = ctx.ch
     pieces: list[str] = []
     count = [0, 0]  # messages, lines
@@ -234,6 +245,10 @@ def _slow_value(m: Received) -> int | None:
     f"a subscriber that stops reading for {SLOW_PAUSE:g} s during {SLOW_MESSAGES:,} display messages loses none",
 )
 def iopub_slow_subscriber(ctx: Ctx) -> Verdict:
+    """Check ``iopub.slow_subscriber`` (beyond the spec: lossless delivery): a second SUB (RCVHWM
+    100, a 64 KiB receive buffer) stops reading for :data:`SLOW_PAUSE` seconds while a cell
+    displays :data:`SLOW_MESSAGES` messages of about :data:`SLOW_WIDTH` bytes; PASS when both
+    subscribers get every one, in order. The figure is how many the slow one lost."""
     ch = ctx.ch
     label = "iopub:slow"
     got: dict[str, list[int | None]] = {"iopub": [], label: []}

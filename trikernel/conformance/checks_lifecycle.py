@@ -16,6 +16,9 @@
 Spec: messaging "Kernel shutdown", "Message Header" (the kernel session id
 is regenerated on restart), "Kernel startup handshake"; kernels.rst
 "Connection files", "Registration file format"; JEP 66.
+
+Runs on: the client side, the suite's thread only (the fresh-phase checks
+start kernels of their own from there, through jupyter_client).
 """
 
 from __future__ import annotations
@@ -29,18 +32,21 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from .. import msgspec
-from ..errors import ProtocolError
-from ..handshake import PORT_NAMES, Dialect, build_ack_j, build_reply_p, parse_registration_frames
-from ..wire import Signer
-from .catalogue import Ctx, check
-from .client import Channels, Received
-from .kernel import HANDSHAKE_PROVISIONER
-from .verdict import Fail, Skip, Verdict, failed, passed, verdict
+from trikernel.conformance.catalogue import Ctx, check
+from trikernel.conformance.client import Channels
+from trikernel.conformance.kernel import HANDSHAKE_PROVISIONER
+from trikernel.conformance.verdict import Fail, Skip, Verdict, failed, passed, verdict
+from trikernel.errors import ProtocolError
+from trikernel.protocol import msgspec
+from trikernel.protocol.handshake import PORT_NAMES, Dialect, build_ack_j, build_reply_p, parse_registration_frames
+from trikernel.protocol.wire import Signer
+
+if TYPE_CHECKING:
+    from trikernel.conformance.received import Received
 
 S = msgspec.SECTIONS
 SEC_JEP66 = "messaging § Kernel startup handshake; kernels § Registration file format; JEP 66"

@@ -3,19 +3,25 @@
 Spec: messaging "Code completeness", "Completion", "Introspection",
 "History", "Comm info", "Custom Messages", "Debug request", and the note
 "cursor_pos and unicode offsets" (5.2: code points, not UTF-16 units).
+
+Runs on: the client side, the suite's thread only (the runner runs each
+check to its end, one at a time).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import msgspec
-from .catalogue import Ctx, check
-from .checks_execute import run_ok, unique
-from .client import Received, is_busy, is_idle
-from .verdict import Fail, Skip, Verdict, failed, passed, verdict
+from trikernel.conformance.catalogue import Ctx, check
+from trikernel.conformance.checks_execute import run_ok, unique
+from trikernel.conformance.client import is_busy, is_idle
+from trikernel.conformance.verdict import Fail, Skip, Verdict, failed, passed, verdict
+from trikernel.protocol import msgspec
+
+if TYPE_CHECKING:
+    from trikernel.conformance.received import Received
 
 S = msgspec.SECTIONS
 

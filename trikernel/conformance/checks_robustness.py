@@ -10,18 +10,24 @@ request sent after the bad input, which a kernel answers only after it.
 
 Spec: messaging "The Wire Protocol", "Compatibility", "Kernel status",
 "Heartbeat for kernels"; kernels.rst "Handling messages".
+
+Runs on: the client side, the suite's thread only (raw frames sent from
+the suite's own sockets).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import msgspec
-from .catalogue import Ctx, check
-from .checks_execute import run_ok, unique
-from .client import DELIM, Received, dumps, is_idle, stream_text
-from .verdict import Skip, Verdict, failed, passed, verdict
+from trikernel.conformance.catalogue import Ctx, check
+from trikernel.conformance.checks_execute import run_ok, unique
+from trikernel.conformance.client import DELIM, dumps, is_idle, stream_text
+from trikernel.conformance.verdict import Skip, Verdict, failed, passed, verdict
+from trikernel.protocol import msgspec
+
+if TYPE_CHECKING:
+    from trikernel.conformance.received import Received
 
 S = msgspec.SECTIONS
 SEC_WIRE = "messaging § The Wire Protocol; kernels § Handling messages"

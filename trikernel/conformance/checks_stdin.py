@@ -6,16 +6,22 @@ an ``interrupt_request`` whose reply is checked too.
 
 Spec: messaging "Messages on the stdin (ROUTER/DEALER) channel",
 "Compatibility" (allow_stdin), "Kernel interrupt".
+
+Runs on: the client side, the suite's thread only (the suite answers
+``input_request`` on its stdin DEALER).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import msgspec
-from .catalogue import Ctx, check
-from .client import Received, stream_text
-from .verdict import Verdict, failed, verdict
+from trikernel.conformance.catalogue import Ctx, check
+from trikernel.conformance.client import stream_text
+from trikernel.conformance.verdict import Verdict, failed, verdict
+from trikernel.protocol import msgspec
+
+if TYPE_CHECKING:
+    from trikernel.conformance.received import Received
 
 S = msgspec.SECTIONS
 MARKER = "CONFORMANCE-STARTED"

@@ -4,6 +4,9 @@ Prints one row per check as it is decided (status, name, figure, spec
 section), then a summary; ``--json`` prints one JSON object instead.
 Exit status: 0 when no check failed, 1 when any did, 2 for a usage error
 (one line on stderr, naming the problem).
+
+Runs on: the main thread of the client's process (the
+``trikernel-conformance`` command); no threads of its own.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import json
 import sys
 import textwrap
 
-from .catalogue import catalogue
-from .runner import Report, Row, UsageError, run
+from trikernel.conformance.catalogue import catalogue
+from trikernel.conformance.runner import Report, Row, UsageError, run
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,6 +71,10 @@ def _print_start(report: Report) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``trikernel-conformance`` command: parse ``argv`` (``sys.argv[1:]`` when None), run
+    the selected checks against the kernelspec and print a row per check and a summary, or one
+    JSON object with ``--json``. Returns the exit status: 0 when no check failed, 1 when one
+    did, 2 for a usage error (one line on stderr)."""
     args = _parser().parse_args(argv)
     if args.list:
         return _list()

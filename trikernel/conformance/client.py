@@ -28,18 +28,18 @@ import json
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 
-from .verdict import Fail
+from trikernel.conformance.received import Received
+from trikernel.conformance.verdict import Fail
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
 
-    from .audit import Audit
+    from trikernel.conformance.audit import Audit
 
 T = TypeVar("T")
 DELIM = b"<IDS|MSG>"
@@ -52,75 +52,20 @@ class Timeout(Fail):
     """A deadline passed while waiting for the kernel (a FAIL, with what was awaited)."""
 
 
-@dataclass(eq=False)
-class Received:
-    """One message from the kernel, as it arrived.
-
-    ``socket``: the label of the receiving socket (``shell``, ``iopub``,
-    ``iopub:late``...); ``channel``: its channel; ``seq``: arrival order
-    over all sockets; ``arrival``: ``time.monotonic()`` seconds.
-    """
-
-    socket: str
-    channel: str
-    seq: int
-    arrival: float
-    idents: list[bytes]
-    header: dict[str, Any]
-    parent_header: dict[str, Any]
-    metadata: dict[str, Any]
-    content: dict[str, Any]
-    buffers: list[bytes] = field(default_factory=list)
-    signature_ok: bool = True
-    #: The four parts as decoded, when one of them was not a JSON object
-    #: (the fields above then hold ``{}`` in its place).
-    raw: tuple[Any, ...] | None = None
-
-    @property
-    def msg_type(self) -> str:
-        return str(self.header.get("msg_type", ""))
-
-    @property
-    def msg_id(self) -> str:
-        return str(self.header.get("msg_id", ""))
-
-    @property
-    def parent_id(self) -> str:
-        return str(self.parent_header.get("msg_id", "")) if isinstance(self.parent_header, dict) else ""
-
-    def as_dict(self) -> dict[str, Any]:
-        """The message as the kernel sent it (for trikernel.msgspec)."""
-        if self.raw is not None:
-            header, parent, metadata, content = self.raw
-            return {
-                "header": header,
-                "parent_header": parent,
-                "metadata": metadata,
-                "content": content,
-                "buffers": self.buffers,
-            }
-        return {
-            "header": self.header,
-            "parent_header": self.parent_header,
-            "metadata": self.metadata,
-            "content": self.content,
-            "buffers": self.buffers,
-        }
-
-    def __repr__(self) -> str:
-        return f"<{self.socket} {self.msg_type} {self.content!r:.80}>"
-
-
 def now_iso() -> str:
     """The header date as jupyter_client writes it (UTC, ``Z``)."""
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 def is_idle(msg: Received) -> bool:
+    """Whether ``msg`` is a ``status`` message with ``execution_state`` "idle" (messaging spec
+    "Kernel status")."""
     return msg.msg_type == "status" and msg.content.get("execution_state") == "idle"
 
 
 def is_busy(msg: Received) -> bool:
+    """Whether ``msg`` is a ``status`` message with ``execution_state`` "busy" (messaging spec
+    "Kernel status")."""
     return msg.msg_type == "status" and msg.content.get("execution_state") == "busy"
 
 
@@ -132,6 +77,9 @@ class Signer:
         self.digest = getattr(hashlib, scheme.split("-", 1)[1])
 
     def sign(self, parts: Iterable[bytes]) -> bytes:
+        """The hex HMAC of ``parts`` (header, parent_header, metadata and content frames, in that
+        order) as ASCII bytes; ``b""`` when the key is empty (signing off). Messaging spec
+        "The Wire Protocol"."""
         if not self.key:
             return b""
         h = hmac.new(self.key, digestmod=self.digest)
@@ -141,6 +89,8 @@ class Signer:
 
 
 def dumps(obj: Any) -> bytes:
+    """``obj`` as a UTF-8 JSON frame (non-ASCII kept as is, as jupyter_client's Session writes
+    it)."""
     return json.dumps(obj, ensure_ascii=False).encode("utf-8")
 
 
@@ -180,6 +130,9 @@ class Channels:
 
     # -- sockets -------------------------------------------------------------
     def url(self, channel: str) -> str:
+        """The ZeroMQ endpoint of ``channel`` ("shell", "iopub", "hb", ...) from the connection
+        info: ``tcp://ip:port``, or ``ipc://ip-port`` for transport "ipc" (kernels.rst
+        "Connection files"). Raises KeyError when the info has no ``<channel>_port``."""
         ip = self.info.get("ip", "127.0.0.1")
         port = self.info[f"{channel}_port"]
         if self.info.get("transport", "tcp") == "ipc":
@@ -249,6 +202,8 @@ class Channels:
         self.poller.unregister(self.sockets[label])
 
     def close_socket(self, label: str) -> None:
+        """Unregister and close the socket labelled ``label`` (LINGER 0), forgetting it; a label
+        with no socket is ignored. Messages already filed stay filed."""
         sock = self.sockets.pop(label, None)
         if sock is not None:
             with contextlib.suppress(KeyError):
@@ -256,6 +211,8 @@ class Channels:
             sock.close(linger=0)
 
     def close(self) -> None:
+        """Close every socket of this kernel connection: the connection monitors, shell, control,
+        stdin, every IOPub SUB and the heartbeat REQ (LINGER 0). The context is the caller's."""
         for mon in self._monitors.values():
             mon.close(linger=0)
         self._monitors.clear()
@@ -267,6 +224,10 @@ class Channels:
 
     # -- sending -------------------------------------------------------------
     def header(self, msg_type: str, **overrides: Any) -> dict[str, Any]:
+        """A new message header from this client: fresh ``msg_id``, ``msg_type``, username
+        "conformance", the client's ``session``, ``date`` now (UTC, ``Z``) and ``version``
+        :data:`CLIENT_VERSION`; ``overrides`` replace or add fields (messaging spec "Message
+        Header")."""
         h = {
             "msg_id": uuid.uuid4().hex,
             "msg_type": msg_type,
@@ -458,6 +419,9 @@ class Channels:
     def request(
         self, channel: str, msg_type: str, content: Mapping[str, Any] | None, timeout: float
     ) -> tuple[Received, list[Received]]:
+        """Send a signed ``msg_type`` with ``content`` on ``channel`` and return its reply and
+        its IOPub messages up to idle (:meth:`exchange`). Raises :class:`Timeout` when either
+        is not there within ``timeout`` seconds."""
         h = self.send(channel, msg_type, content)
         return self.exchange(h, timeout)
 

@@ -15,6 +15,9 @@ The kernel's stdout and stderr go to a log file (its tail is the figure
 when a start fails). Every wait has a deadline (:class:`Deadlines`).
 
 Caller's thread only.
+
+Runs on: the client side, the suite's thread only (a synchronous
+jupyter_client ``KernelManager`` and the suite's own pyzmq context).
 """
 
 from __future__ import annotations
@@ -31,14 +34,15 @@ import zmq
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import KernelManager
 
-from ..provisioner import wants_handshake
-from .client import Channels, Received, Timeout
-from .verdict import Fail
+from trikernel.conformance.client import Channels, Timeout
+from trikernel.conformance.verdict import Fail
+from trikernel.launch.provisioner import wants_handshake
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from .audit import Audit
+    from trikernel.conformance.audit import Audit
+    from trikernel.conformance.received import Received
 
 log = logging.getLogger("trikernel.conformance")
 
@@ -59,6 +63,8 @@ class Deadlines:
 
     @classmethod
     def scaled(cls, scale: float) -> Deadlines:
+        """A :class:`Deadlines` with every field multiplied by ``scale`` (``--timeout-scale``; a
+        positive float, e.g. 3 on a slow machine)."""
         base = cls()
         return cls(**{k: getattr(base, k) * scale for k in base.__dataclass_fields__})
 
@@ -72,6 +78,10 @@ class HandshakeSpecs(KernelSpecManager):
     """
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        """``KernelSpecManager.get_kernel_spec``, except that a spec which declares the JEP 66
+        handshake and names no provisioner gets ``metadata.kernel_provisioner`` =
+        ``trikernel-handshake`` in memory. Raises jupyter_client's NoSuchKernel for an unknown
+        name."""
         spec = super().get_kernel_spec(kernel_name)
         md = dict(spec.metadata or {})
         if declares_handshake(spec) and "kernel_provisioner" not in md:
@@ -144,11 +154,17 @@ class KernelUnderTest:
     # -- lifecycle -------------------------------------------------------------
     @property
     def ch(self) -> Channels:
+        """The :class:`~.client.Channels` to the current kernel process (replaced at every start
+        and restart). Raises :class:`~.verdict.Fail` when no kernel is running (it did not
+        start)."""
         if self._ch is None:
             raise Fail("no kernel: it did not start")
         return self._ch
 
     def log_tail(self, limit: int = 600) -> str:
+        """The last ``limit`` characters (default 600) of the kernel's stdout/stderr log, its
+        non-blank lines joined with " | " (a figure for a failed start); ``""`` if the log
+        cannot be read."""
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
@@ -207,17 +223,24 @@ class KernelUnderTest:
         raise Fail(f"no kernel_info_reply with IOPub traffic within {self.t.start:g} s (log: {self.log_tail()})")
 
     def alive(self) -> bool:
+        """Whether a kernel process was started and jupyter_client's ``is_alive`` says it still
+        runs."""
         return self.km is not None and self.km.has_kernel and bool(self.km.is_alive())
 
     def process(self) -> Any:
+        """The kernel's process object as the provisioner holds it (a ``subprocess.Popen`` for
+        LocalProvisioner and trikernel-handshake), or None when there is none."""
         prov = getattr(self.km, "provisioner", None)
         return getattr(prov, "process", None)
 
     def pid(self) -> int | None:
+        """The kernel process's pid, or None when no process is known."""
         proc = self.process()
         return getattr(proc, "pid", None)
 
     def exit_code(self) -> int | None:
+        """The kernel process's exit code (negative: killed by that signal), or None while it
+        runs or when no process is known. Does not wait."""
         proc = self.process()
         return proc.poll() if proc is not None else None
 
@@ -266,6 +289,8 @@ class KernelUnderTest:
                     self.km.shutdown_kernel(now=True)
 
     def close(self) -> None:
+        """End of the suite's use of this kernelspec: :meth:`stop` the kernel, terminate the
+        suite's pyzmq context, close and delete the kernel's log file."""
         self.stop()
         self.context.term()
         self._log.close()

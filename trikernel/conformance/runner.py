@@ -8,6 +8,9 @@ its figure, never a crash of the run. Every wait inside has a deadline, so
 a hanging kernel costs at most the deadlines of the checks it hangs.
 
 Caller's thread only.
+
+Runs on: the client side, the suite's thread only (one check at a time;
+every wait has a deadline).
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from jupyter_client.kernelspec import NoSuchKernel
 
-from .audit import Audit
-from .catalogue import Check, Ctx, select
-from .kernel import Deadlines, KernelUnderTest
-from .verdict import Fail, Skip, Status, Verdict, failed, skipped
+from trikernel.conformance.audit import Audit
+from trikernel.conformance.catalogue import Check, Ctx, select
+from trikernel.conformance.kernel import Deadlines, KernelUnderTest
+from trikernel.conformance.verdict import Fail, Skip, Status, Verdict, failed, skipped
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -61,15 +64,19 @@ class Report:
 
     @property
     def failed(self) -> bool:
+        """Whether any row is a FAIL (the command then exits with status 1)."""
         return any(r.status == "FAIL" for r in self.rows)
 
     def counts(self) -> dict[str, int]:
+        """The number of rows per status: ``{"PASS": n, "FAIL": n, "SKIP": n}``."""
         out = {"PASS": 0, "FAIL": 0, "SKIP": 0}
         for r in self.rows:
             out[r.status] += 1
         return out
 
     def as_json(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict (``--json``): the kernel's fields, ``rows`` as dicts,
+        ``seconds`` (wall time of the run) and ``counts``."""
         d = asdict(self)
         d["counts"] = self.counts()
         return d

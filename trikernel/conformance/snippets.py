@@ -8,6 +8,9 @@ has no profile here gets SKIP for every check that needs code; the checks of
 the envelope, heartbeat, IOPub welcome, bad input and shutdown still run.
 
 Pure; any thread.
+
+Runs on: any thread (pure: code strings per language); the code itself
+runs in the kernel under test.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ that passed) or :class:`Skip`. The ``figure`` is the measured fact that
 decided it ("0 of 20 queued cells ran", "no idle within 10 s").
 
 Pure; any thread.
+
+Runs on: any thread (pure: a frozen dataclass, four constructors and
+two exceptions).
 """
 
 from __future__ import annotations
@@ -26,19 +29,25 @@ class Skip(Exception):
 
 @dataclass(frozen=True)
 class Verdict:
+    """What one check decided: ``status`` "PASS", "FAIL" or "SKIP", and ``figure``, the measured
+    fact that decided it (for SKIP: why the check does not apply)."""
+
     status: Status
     figure: str
 
 
 def passed(figure: str) -> Verdict:
+    """A PASS :class:`Verdict` with ``figure``."""
     return Verdict("PASS", figure)
 
 
 def failed(figure: str) -> Verdict:
+    """A FAIL :class:`Verdict` with ``figure``, the departure that was found."""
     return Verdict("FAIL", figure)
 
 
 def skipped(why: str) -> Verdict:
+    """A SKIP :class:`Verdict`; ``why`` says why the check does not apply to this kernel."""
     return Verdict("SKIP", why)
 
 

@@ -1,0 +1,613 @@
+"""Tier 2: the kernel core alone (trikernel.core), with no ZeroMQ and no IPython.
+
+xeus's pattern (a mock server and a mock interpreter test ``xkernel_core``
+with no transport): :class:`FakeTransport` stands in for the server
+(server/requests.py) and records every message the core sends, with the
+thread that sent it; :class:`ThreadRun` is a user run on a thread of its own
+(a plain ``trio.run`` taking Jobs through its token, as user/userrun.py
+does); :class:`FakeInterpreter` answers like user/interpreter.py would, or
+fails on purpose. The io run is the test's own ``trio.run``.
+
+``test_the_core_runs_without_zmq_or_ipython`` runs one scenario in a fresh
+interpreter in which ``import zmq`` and ``import IPython`` fail.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+from trikernel.core.badinput import BadInputLog
+from trikernel.core.interfaces import EMPTY, Empty
+from trikernel.core.kernelcore import CoreDeps, KernelCore
+from trikernel.errors import KernelShuttingDown
+from trikernel.protocol.messages import MessageBuilder, kernel_info_content
+from trikernel.protocol.wire import utcnow_iso
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from trikernel.core.job import Job
+    from trikernel.protocol.wire import Message
+
+pytestmark = pytest.mark.timeout(60)
+
+TIMEOUT = 10.0
+
+
+@dataclass
+class Sent:
+    """One message the core sent: ``kind`` "reply" or "iopub", on which thread."""
+
+    kind: str
+    channel: str
+    msg: Message
+    thread: int
+
+
+class FakeTransport:
+    """core.interfaces.Transport, recording; ``pending`` is what
+    receive_nowait finds queued on the shell channel."""
+
+    def __init__(self, *, replies_from_threads: bool = True):
+        self._threads = replies_from_threads
+        self.log: list[Sent] = []
+        self.pending: deque[Message | None] = deque()
+        self.quiets = 0
+        self._changed: trio.Event | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    def attach(self) -> None:
+        """In the io run, before the core serves."""
+        self._token = trio.lowlevel.current_trio_token()
+        self._changed = trio.Event()
+
+    def _note(self, sent: Sent) -> None:
+        self.log.append(sent)
+        assert self._token is not None
+        self._token.run_sync_soon(self._wake)
+
+    def _wake(self) -> None:
+        assert self._changed is not None
+        self._changed.set()
+        self._changed = trio.Event()
+
+    @property
+    def replies_from_threads(self) -> bool:
+        return self._threads
+
+    def send(self, channel: str, msg: Message) -> bool:
+        self._note(Sent("reply", channel, msg, threading.get_ident()))
+        return True
+
+    async def publish(self, msg: Message) -> bool:
+        self._note(Sent("iopub", "iopub", msg, threading.get_ident()))
+        return True
+
+    def publish_status_nowait(self, msg: Message) -> bool:
+        self._note(Sent("iopub", "iopub", msg, threading.get_ident()))
+        return True
+
+    def quiet(self) -> None:
+        self.quiets += 1
+
+    def receive_nowait(self, channel: str) -> Message | Empty | None:
+        return self.pending.popleft() if self.pending else EMPTY
+
+    # -- test helpers (io run) ------------------------------------------------------
+    def of(self, msg_id: str) -> list[Sent]:
+        """Everything sent with ``msg_id`` as parent, in order."""
+        return [s for s in self.log if s.msg.parent_header.get("msg_id") == msg_id]
+
+    def done(self, msg_id: str) -> bool:
+        return any(s.msg.msg_type == "status" and s.msg.content["execution_state"] == "idle" for s in self.of(msg_id))
+
+    async def wait_idle(self, *msg_ids: str) -> None:
+        with trio.fail_after(TIMEOUT):
+            while not all(self.done(m) for m in msg_ids):
+                assert self._changed is not None
+                await self._changed.wait()
+
+    def reply_of(self, msg_id: str) -> Sent:
+        (reply,) = [s for s in self.of(msg_id) if s.kind == "reply"]
+        return reply
+
+    def shape(self, msg_id: str) -> list[str]:
+        """``busy``, the reply's type, ``idle``: what was sent for ``msg_id``, in order."""
+        return [
+            s.msg.content["execution_state"] if s.msg.msg_type == "status" else s.msg.msg_type for s in self.of(msg_id)
+        ]
+
+
+class ThreadRun:
+    """A user run on a thread of its own: core.interfaces.UserRunHandle."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.stopping = False
+        self.stopped = threading.Event()
+        self.interrupts = 0
+        self.ident: int | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._send: trio.MemorySendChannel[Job | None] | None = None
+        self._nursery: trio.Nursery | None = None
+        self._up = threading.Event()
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), name="fake-user-run", daemon=True)
+        self._thread.start()
+        assert self._up.wait(TIMEOUT)
+
+    async def _main(self) -> None:
+        self.ident = threading.get_ident()
+        send, recv = trio.open_memory_channel["Job | None"](8)
+        async with trio.open_nursery() as nursery:
+            self._token, self._send, self._nursery = trio.lowlevel.current_trio_token(), send, nursery
+            self._up.set()
+            async for job in recv:
+                if job is None:
+                    break
+                self.busy = True
+                try:
+                    await job.run()
+                finally:
+                    self.busy = False
+            nursery.cancel_scope.cancel()
+        self.stopped.set()
+
+    def start_job_soon(self, job: Job) -> None:
+        if self.stopping or self._token is None or self._send is None:
+            raise KernelShuttingDown("stopped")
+        self._token.run_sync_soon(self._send.send_nowait, job)
+
+    def start_task_soon(self, job: Job) -> None:
+        assert self._token is not None
+        assert self._nursery is not None
+        self._token.run_sync_soon(self._nursery.start_soon, job.run)
+
+    def interrupt(self) -> None:
+        self.interrupts += 1
+
+    def stop(self) -> None:
+        if not self.stopping and self._token is not None and self._send is not None:
+            self.stopping = True
+            self._token.run_sync_soon(self._send.send_nowait, None)
+
+
+@dataclass
+class FakeInterpreter:
+    """core.interfaces.Interpreter; ``execute`` obeys the cell's code:
+    ``fail`` is an error reply, ``crash`` raises, ``wait`` blocks until
+    ``release`` is set (a threading.Event), anything else succeeds."""
+
+    count: int = 1
+    ran: list[str] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)
+    comms: list[str] = field(default_factory=list)
+    threads: list[int] = field(default_factory=list)
+
+    @property
+    def execution_count(self) -> int:
+        return self.count
+
+    async def execute(self, msg: Message) -> dict[str, Any]:
+        code = msg.content.get("code", "")
+        self.threads.append(threading.get_ident())
+        if code == "crash":
+            raise RuntimeError("a bug in the interpreter")
+        if code == "wait":
+            await trio.to_thread.run_sync(self.release.wait, TIMEOUT)
+        self.ran.append(code)
+        self.count += 1
+        if code == "fail":
+            return {"status": "error", "ename": "ValueError", "evalue": "x", "traceback": [], "execution_count": 1}
+        return {"status": "ok", "execution_count": self.count - 1, "user_expressions": {}, "payload": []}
+
+    def complete(self, msg: Message) -> dict[str, Any]:
+        return {"status": "ok", "matches": ["x"], "cursor_start": 0, "cursor_end": 0, "metadata": {}}
+
+    def inspect(self, msg: Message) -> dict[str, Any]:
+        return {"status": "ok", "found": False, "data": {}, "metadata": {}}
+
+    def is_complete(self, msg: Message) -> dict[str, Any]:
+        return {"status": "complete"}
+
+    def history(self, msg: Message) -> dict[str, Any]:
+        return {"status": "ok", "history": []}
+
+    def comm(self, msg: Message) -> None:
+        self.comms.append(msg.content.get("comm_id", ""))
+
+    def comm_info(self, msg: Message) -> dict[str, Any]:
+        return {"status": "ok", "comms": {}}
+
+
+@dataclass
+class Rig:
+    core: KernelCore
+    transport: FakeTransport
+    run: ThreadRun
+    interp: FakeInterpreter
+    client: MessageBuilder
+    shutdowns: list[float]
+    bad_input: BadInputLog
+
+    def request(self, msg_type: str, content: dict[str, Any] | None = None, **header: Any) -> Message:
+        msg = self.client.msg(msg_type, content or {})
+        msg.header.update(header)
+        return msg
+
+
+def drive(
+    script: Callable[[Rig], Awaitable[None]], *, ready: bool = True, replies_from_threads: bool = True, **deps: Any
+) -> Rig:
+    """Run ``script(rig)`` in a fresh io run with a core serving; the user
+    side is up at once unless ``ready`` is False."""
+    transport = FakeTransport(replies_from_threads=replies_from_threads)
+    run = ThreadRun()
+    interp = FakeInterpreter()
+    shutdowns: list[float] = []
+    bad_input = BadInputLog()
+    core = KernelCore(
+        CoreDeps(
+            builder=MessageBuilder(),
+            transport=transport,
+            main_run=run,
+            kernel_info=lambda: kernel_info_content(debugger=False),
+            request_shutdown=lambda: shutdowns.append(trio.current_time()),
+            bad_input=bad_input,
+            **deps,
+        )
+    )
+    rig = Rig(core, transport, run, interp, MessageBuilder(), shutdowns, bad_input)
+
+    async def main() -> None:
+        transport.attach()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(core.run)
+            if ready:
+                core.user_side_ready(interp)
+            with trio.fail_after(TIMEOUT * 2):
+                await script(rig)
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        interp.release.set()
+        run.stop()
+    return rig
+
+
+# ------------------------------------------------------------------------ the bracket
+
+
+@pytest.mark.parametrize(
+    ("channel", "msg_type", "content"),
+    [
+        ("shell", "execute_request", {"code": "ok"}),
+        ("shell", "complete_request", {"code": "x", "cursor_pos": 1}),
+        ("shell", "inspect_request", {"code": "x", "cursor_pos": 1}),
+        ("shell", "is_complete_request", {"code": "x"}),
+        ("shell", "history_request", {"hist_access_type": "tail", "n": 1}),
+        ("shell", "comm_info_request", {}),
+        ("shell", "kernel_info_request", {}),
+        ("control", "kernel_info_request", {}),
+        ("control", "interrupt_request", {}),
+        ("control", "usage_request", {}),
+        ("control", "list_subshell_request", {}),
+    ],
+)
+def test_every_request_is_busy_reply_idle_in_that_order(channel: str, msg_type: str, content: dict[str, Any]) -> None:
+    async def script(rig: Rig) -> None:
+        msg = rig.request(msg_type, content)
+        await rig.core.receive(channel, msg)
+        await rig.transport.wait_idle(msg.msg_id)
+        reply_type = msg_type.replace("_request", "_reply")
+        assert rig.transport.shape(msg.msg_id) == ["busy", reply_type, "idle"]
+        reply = rig.transport.reply_of(msg.msg_id)
+        assert reply.channel == channel
+        assert reply.msg.content["status"] in ("ok", "complete"), reply.msg.content
+
+    drive(script)
+
+
+def test_a_succeeded_execute_is_answered_from_the_thread_that_ran_it() -> None:
+    """The reply and its idle leave from the user run's thread (context.py,
+    "Who sends the reply"); busy from the io run, before the hand-over."""
+
+    async def script(rig: Rig) -> None:
+        msg = rig.request("execute_request", {"code": "ok"})
+        await rig.core.receive("shell", msg)
+        await rig.transport.wait_idle(msg.msg_id)
+        busy, reply, idle = rig.transport.of(msg.msg_id)
+        assert busy.thread == threading.get_ident()
+        assert reply.thread == rig.run.ident == idle.thread
+        assert reply.msg.metadata["status"] == "ok"
+        assert reply.msg.metadata["engine"] == rig.core.builder.session_id
+        assert rig.transport.quiets == 1
+
+    drive(script)
+
+
+def test_with_the_message_log_every_reply_leaves_from_the_io_run() -> None:
+    async def script(rig: Rig) -> None:
+        msg = rig.request("execute_request", {"code": "ok"})
+        await rig.core.receive("shell", msg)
+        await rig.transport.wait_idle(msg.msg_id)
+        assert {s.thread for s in rig.transport.of(msg.msg_id)} == {threading.get_ident()}
+        assert rig.transport.shape(msg.msg_id) == ["busy", "execute_reply", "idle"]
+
+    drive(script, replies_from_threads=False)
+
+
+def test_a_failed_execute_is_answered_by_the_io_run_after_its_abort_window_opened() -> None:
+    """stop_on_error: the requests already queued (here: in the transport,
+    drained when the failure is decided) are aborted; a request sent after
+    the error reply runs."""
+
+    async def script(rig: Rig) -> None:
+        fail = rig.request("execute_request", {"code": "fail"})
+        queued = rig.request("execute_request", {"code": "queued"})
+        inspect = rig.request("inspect_request", {"code": "x", "cursor_pos": 1})
+        rig.transport.pending.extend([queued, None, inspect])  # None: bad input the server dropped
+        await rig.core.receive("shell", fail)
+        await rig.transport.wait_idle(fail.msg_id, queued.msg_id, inspect.msg_id)
+        assert rig.transport.reply_of(fail.msg_id).thread == threading.get_ident()
+        aborted = rig.transport.reply_of(queued.msg_id).msg
+        assert aborted.content["ename"] == "ExecutionAborted"
+        assert aborted.metadata["status"] == "aborted"
+        assert rig.transport.reply_of(inspect.msg_id).msg.content["status"] == "ok"  # only executes are aborted
+        later = rig.request("execute_request", {"code": "later"}, date=utcnow_iso())
+        await rig.core.receive("shell", later)
+        await rig.transport.wait_idle(later.msg_id)
+        assert rig.interp.ran == ["fail", "later"]
+
+    drive(script)
+
+
+def test_a_handler_that_raises_gets_an_error_reply_and_idle() -> None:
+    async def script(rig: Rig) -> None:
+        msg = rig.request("execute_request", {"code": "crash"})
+        await rig.core.receive("shell", msg)
+        await rig.transport.wait_idle(msg.msg_id)
+        assert rig.transport.shape(msg.msg_id) == ["busy", "execute_reply", "idle"]
+        content = rig.transport.reply_of(msg.msg_id).msg.content
+        assert (content["status"], content["ename"]) == ("error", "RuntimeError")
+        assert content["execution_count"] == rig.interp.count
+        assert rig.bad_input.statistics().by_kind.get("shell.request_failed") == 1
+
+    drive(script)
+
+
+def test_content_of_the_wrong_type_is_refused_not_run() -> None:
+    async def script(rig: Rig) -> None:
+        msg = rig.request("execute_request", {"code": 5})
+        await rig.core.receive("shell", msg)
+        await rig.transport.wait_idle(msg.msg_id)
+        assert rig.transport.reply_of(msg.msg_id).msg.content["ename"] == "ProtocolError"
+        assert rig.interp.ran == []
+
+    drive(script)
+
+
+@pytest.mark.parametrize(("channel", "msg_type"), [("shell", "frobnicate_request"), ("control", "execute_request")])
+def test_unknown_types_get_an_error_reply_naming_them(channel: str, msg_type: str) -> None:
+    async def script(rig: Rig) -> None:
+        msg = rig.request(msg_type, {"code": "ok"})
+        await rig.core.receive(channel, msg)
+        await rig.transport.wait_idle(msg.msg_id)
+        content = rig.transport.reply_of(msg.msg_id).msg.content
+        assert content["ename"] == "UnknownMessageType"
+        assert msg_type in content["evalue"]
+        assert rig.interp.ran == []
+
+    drive(script)
+
+
+def test_a_message_that_is_no_request_gets_busy_and_idle_only() -> None:
+    async def script(rig: Rig) -> None:
+        msg = rig.request("frobnicate", {})
+        await rig.core.receive("shell", msg)
+        await rig.transport.wait_idle(msg.msg_id)
+        assert rig.transport.shape(msg.msg_id) == ["busy", "idle"]
+
+    drive(script)
+
+
+# ------------------------------------------------------------------------ control
+
+
+def test_kernel_info_is_answered_before_the_user_side_is_up() -> None:
+    async def script(rig: Rig) -> None:
+        msg = rig.request("kernel_info_request")
+        await rig.core.receive("control", msg)
+        await rig.transport.wait_idle(msg.msg_id)
+        content = rig.transport.reply_of(msg.msg_id).msg.content
+        assert content["protocol_version"] == "5.5"
+        assert content["implementation"] == "trikernel"
+        execute = rig.request("execute_request", {"code": "early"})
+        await rig.core.receive("shell", execute)
+        await trio.sleep(0.05)
+        assert not rig.transport.done(execute.msg_id)  # waits for the interpreter
+        rig.core.user_side_ready(rig.interp)
+        await rig.transport.wait_idle(execute.msg_id)
+        assert rig.interp.ran == ["early"]
+
+    drive(script, ready=False)
+
+
+def test_control_answers_while_a_cell_runs_and_interrupt_reaches_the_run() -> None:
+    async def script(rig: Rig) -> None:
+        cell = rig.request("execute_request", {"code": "wait"})
+        await rig.core.receive("shell", cell)
+        info, interrupt = rig.request("kernel_info_request"), rig.request("interrupt_request")
+        await rig.core.receive("control", info)
+        await rig.core.receive("control", interrupt)
+        await rig.transport.wait_idle(info.msg_id, interrupt.msg_id)
+        assert not rig.transport.done(cell.msg_id)
+        assert rig.run.interrupts == 1
+        rig.interp.release.set()
+        await rig.transport.wait_idle(cell.msg_id)
+
+    drive(script)
+
+
+def test_shutdown_begins_only_once_its_idle_is_queued() -> None:
+    async def script(rig: Rig) -> None:
+        msg = rig.request("shutdown_request", {"restart": True})
+        await rig.core.receive("control", msg)
+        await rig.transport.wait_idle(msg.msg_id)
+        assert rig.transport.reply_of(msg.msg_id).msg.content == {"status": "ok", "restart": True}
+        assert len(rig.shutdowns) == 1
+
+    drive(script)
+
+
+def test_comm_messages_run_beside_a_busy_cell() -> None:
+    async def script(rig: Rig) -> None:
+        cell = rig.request("execute_request", {"code": "wait"})
+        await rig.core.receive("shell", cell)
+        comm = rig.request("comm_msg", {"comm_id": "c1", "data": {}})
+        await rig.core.receive("shell", comm)
+        await rig.transport.wait_idle(comm.msg_id)
+        assert rig.transport.shape(comm.msg_id) == ["busy", "idle"]
+        assert rig.interp.comms == ["c1"]
+        assert not rig.transport.done(cell.msg_id)
+        rig.interp.release.set()
+        await rig.transport.wait_idle(cell.msg_id)
+
+    drive(script)
+
+
+def test_a_debug_request_without_a_debugger_gets_a_dap_error() -> None:
+    async def script(rig: Rig) -> None:
+        msg = rig.request("debug_request", {"seq": 7, "type": "request", "command": "initialize"})
+        await rig.core.receive("control", msg)
+        await rig.transport.wait_idle(msg.msg_id)
+        content = rig.transport.reply_of(msg.msg_id).msg.content
+        assert (content["success"], content["request_seq"], content["command"]) == (False, 7, "initialize")
+
+    drive(script)
+
+
+def test_a_debug_request_goes_to_the_debugger_once_the_user_side_is_up() -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def debug(request: dict[str, Any], parent: dict[str, Any]) -> dict[str, Any]:
+        seen.append(request)
+        return {"seq": 0, "type": "response", "request_seq": request["seq"], "success": True, "command": "x"}
+
+    async def script(rig: Rig) -> None:
+        msg = rig.request("debug_request", {"seq": 3, "type": "request", "command": "x"})
+        await rig.core.receive("control", msg)
+        await trio.sleep(0.05)
+        assert seen == []
+        rig.core.user_side_ready(rig.interp)
+        await rig.transport.wait_idle(msg.msg_id)
+        assert rig.transport.reply_of(msg.msg_id).msg.content["success"] is True
+
+    drive(script, ready=False, debug=debug)
+
+
+# ------------------------------------------------------------------------ subshells
+
+
+class FakeSubshells:
+    """core.interfaces.SubshellRuns with ThreadRuns as subshells."""
+
+    def __init__(self) -> None:
+        self.runs: list[Any] = []
+        self.forgotten: list[str] = []
+
+    def create(self) -> Any:
+        run = ThreadRun()
+        run.subshell_id = f"sub-{len(self.runs)}"  # type: ignore[attr-defined]
+        run.ready = trio.Event()  # type: ignore[attr-defined]
+        run.ended = trio.Event()  # type: ignore[attr-defined]
+        run.thread = run._thread  # type: ignore[attr-defined]
+        run.ready.set()  # type: ignore[attr-defined]
+        self.runs.append(run)
+        return run
+
+    def forget(self, subshell_id: str) -> None:
+        self.forgotten.append(subshell_id)
+
+    def interrupt_busy(self) -> None:
+        pass
+
+    def stop_all(self) -> None:
+        pass
+
+    async def wait_stopped(self, grace: float) -> None:
+        pass
+
+
+def test_subshells_are_listed_once_served_on_their_own_run_and_deleted() -> None:
+    subshells = FakeSubshells()
+
+    async def script(rig: Rig) -> None:
+        create = rig.request("create_subshell_request")
+        await rig.core.receive("control", create)
+        await rig.transport.wait_idle(create.msg_id)
+        sid = rig.transport.reply_of(create.msg_id).msg.content["subshell_id"]
+        assert rig.core.subshell_ids() == [sid]
+        cell = rig.request("execute_request", {"code": "in subshell"}, subshell_id=sid)
+        await rig.core.receive("shell", cell)
+        await rig.transport.wait_idle(cell.msg_id)
+        assert rig.interp.threads == [subshells.runs[0].ident]
+        assert rig.transport.reply_of(cell.msg_id).thread == subshells.runs[0].ident
+        delete = rig.request("delete_subshell_request", {"subshell_id": sid})
+        await rig.core.receive("control", delete)
+        await rig.transport.wait_idle(delete.msg_id)
+        assert rig.core.subshell_ids() == []
+        assert subshells.forgotten == [sid]
+        gone = rig.request("execute_request", {"code": "x"}, subshell_id=sid)
+        await rig.core.receive("shell", gone)
+        await rig.transport.wait_idle(gone.msg_id)
+        assert rig.transport.reply_of(gone.msg_id).msg.content["ename"] == "UnknownSubshellError"
+        assert rig.transport.reply_of(gone.msg_id).msg.content["execution_count"] == rig.interp.count
+
+    drive(script, subshells=subshells)
+
+
+def test_without_subshells_create_is_an_error_reply() -> None:
+    async def script(rig: Rig) -> None:
+        create = rig.request("create_subshell_request")
+        await rig.core.receive("control", create)
+        await rig.transport.wait_idle(create.msg_id)
+        assert rig.transport.reply_of(create.msg_id).msg.content["status"] == "error"
+
+    drive(script)
+
+
+# ------------------------------------------------------------------------ no zmq, no IPython
+
+_NO_ZMQ = """
+import sys
+sys.modules["zmq"] = None      # import zmq fails from here on
+sys.modules["IPython"] = None
+sys.path.insert(0, sys.argv[1])
+import test_core
+test_core.test_a_failed_execute_is_answered_by_the_io_run_after_its_abort_window_opened()
+test_core.test_subshells_are_listed_once_served_on_their_own_run_and_deleted()
+loaded = [m for m, mod in sys.modules.items() if mod is not None and m.split(".")[0] in ("zmq", "IPython")]
+assert not loaded, loaded
+print("core ok without zmq")
+"""
+
+
+def test_the_core_runs_without_zmq_or_ipython() -> None:
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_ZMQ, here], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "core ok without zmq" in out.stdout

@@ -1,0 +1,239 @@
+"""Command line: ``python -m trikernel -f FILE [options]`` and ``python -m trikernel install``.
+
+Runs on: the main thread, before any other thread exists.
+
+Start-up (docs/design.md, "Threads and loops"): the file given with ``-f``
+picks the mode — A classic (all five ports given: bind exactly those), B
+zero or missing ports (bind random ports, write them back atomically), C
+JEP 66 registration file (``registration_port`` present: bind random ports,
+register with the launcher, then serve). Sockets are bound and registered
+before IPython is imported.
+
+Errors in the file, the options or the environment exit with code 2 and
+one line naming the field; a port in use or a failed handshake exits with
+code 1. Never a traceback. The kernel's tunables come from
+:class:`~trikernel.config.KernelConfig`'s fields (one declaration each).
+
+Environment variables read: ``TRIKERNEL_LOG_LEVEL`` (default for
+``--log-level``), ``TRIKERNEL_SOCKET_OPTIONS`` (sockopts.py),
+``JPY_PARENT_PID`` (iorun.py), ``MPLBACKEND`` (set if unset, shell.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING, Any
+
+from trikernel import __version__
+from trikernel.errors import ConfigError, HandshakeError, TrikernelError
+from trikernel.launch.options import (
+    EXIT_RUNTIME,
+    OneLineParser,
+    add_kernel_options,
+    configure_logging,
+    fail,
+    is_loopback,
+    kernel_config,
+)
+from trikernel.protocol.channels import PORT_FIELDS
+from trikernel.protocol.connection import load_json_file, parse_connection, write_json_atomic
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
+
+    from trikernel.launch.config import KernelConfig
+
+log = logging.getLogger("trikernel.cli")
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog="python -m trikernel",
+        description="trikernel: a Jupyter kernel for Python on trio.",
+        epilog="Install a kernelspec: python -m trikernel install --help. Docs: README.md and docs/.",
+    )
+    p.add_argument("--version", action="version", version=f"trikernel {__version__}")
+    p.add_argument(
+        "-f", "--connection-file", dest="connection_file", required=True, help="connection or registration file"
+    )
+    add_kernel_options(p)
+    return p
+
+
+def _install_parser() -> argparse.ArgumentParser:
+    from trikernel.launch import gatewayspec
+    from trikernel.server import sockopts
+
+    p = OneLineParser(prog="python -m trikernel install", description="install the trikernel kernelspec")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="install for the current user")
+    where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix (the active env)")
+    where.add_argument("--prefix", help="install under this prefix")
+    p.add_argument("--name", default="trikernel", help="kernelspec name: letters, digits, . - _ (default %(default)s)")
+    p.add_argument("--display-name", default=None, help="display name")
+    p.add_argument("--interrupt-mode", choices=["signal", "message"], default="signal")
+    p.add_argument(
+        "--handshake",
+        action="store_true",
+        help="select the trikernel-handshake provisioner in the kernelspec (JEP 66 start-up)",
+    )
+    sockopts.add_arguments(p)
+    gatewayspec.add_install_arguments(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m trikernel`` and the ``trikernel`` script; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["install"]:
+        return _install(args[1:])
+    if args[:1] == ["gateway-launch"]:
+        from trikernel.launch.gateway import launch
+
+        return launch(args[1:])
+    return _run(args)
+
+
+def _install(argv: list[str]) -> int:
+    from trikernel.launch import gatewayspec, kernelspec
+    from trikernel.server import sockopts
+
+    args = _install_parser().parse_args(argv)
+    try:
+        options = sockopts.resolve(args.socket_options or [], {}, args.config)
+        gateway = gatewayspec.spec_from_args(args, options)  # None without --gateway
+    except ConfigError as exc:
+        return fail(str(exc))
+    # The effective values of --socket-option and --config are baked into
+    # argv; TRIKERNEL_SOCKET_OPTIONS is read when the kernel starts.
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    name = gatewayspec.default_name(gateway.gateway) if gateway and args.name == kernelspec.KERNEL_NAME else args.name
+    try:
+        if gateway is not None:
+            dest = gatewayspec.install(
+                gateway,
+                user=args.user,
+                prefix=prefix,
+                name=name,
+                display_name=args.display_name,
+                interrupt_mode=args.interrupt_mode,
+            )
+        else:
+            dest = kernelspec.install(
+                user=args.user,
+                prefix=prefix,
+                name=name,
+                display_name=args.display_name or kernelspec.DISPLAY_NAME,
+                extra_argv=options.as_argv(),
+                interrupt_mode=args.interrupt_mode,
+                handshake=args.handshake,
+            )
+    except ConfigError as exc:
+        return fail(str(exc))
+    except ValueError as exc:  # jupyter_client's kernel name check
+        return fail(f"--name: {name!r} is not a valid kernelspec name ({exc})")
+    except OSError as exc:
+        where = f"--prefix {prefix}" if prefix else ("--user" if args.user else "the system kernelspec folder")
+        return fail(f"cannot install into {where}: {exc.strerror or exc}", EXIT_RUNTIME)
+    print(f"Installed kernelspec {name} in {dest}")
+    return 0
+
+
+def _parse_run_args(argv: list[str]) -> tuple[argparse.Namespace, KernelConfig]:
+    """Parse argv and the environment; raises ConfigError naming the field."""
+    args = _run_parser().parse_args(argv)
+    return args, kernel_config(args)
+
+
+def _run(argv: list[str]) -> int:
+    from trikernel.protocol import handshake
+    from trikernel.server import sockopts
+
+    # Interrupts may come as soon as the kernel answers kernel_info, before
+    # the user run has its SIGINT handler: hold them back until it has
+    # (userrun._protected_setup unblocks). Threads started from here on
+    # inherit the mask; SIGINT is the main thread's.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    try:
+        args, config = _parse_run_args(argv)
+    except ConfigError as exc:
+        return fail(str(exc))
+    configure_logging(args.log_level)
+    path = args.connection_file
+    try:
+        options = sockopts.resolve(args.socket_options or [], os.environ, args.config)
+        raw = load_json_file(path)
+        registration = None
+        try:
+            if handshake.is_registration_file(raw):
+                registration = handshake.parse_registration(raw)
+                conn = parse_connection({**raw, "ip": handshake.bind_ip(raw), **dict.fromkeys(PORT_FIELDS, 0)})
+            else:
+                conn = parse_connection(raw)
+        except ConfigError as exc:
+            raise ConfigError(f"connection file {path!r}: {exc}") from None
+    except ConfigError as exc:
+        return fail(str(exc))
+
+    if conn.transport == "tcp" and not conn.curve:
+        level = logging.INFO if is_loopback(conn.ip) else logging.WARNING
+        log.log(level, "CurveZMQ keys absent: kernel traffic on %s is signed, not encrypted", conn.ip)
+
+    try:  # --strict, --message-log (strict.py, messagelog.py): a missing extra or a bad file stops us here
+        from trikernel.protocol.strict import load as load_strict
+        from trikernel.server.messagelog import MessageLog
+
+        strict = load_strict() if config.strict else None
+        message_log = MessageLog.open(config, conn) if config.message_log else None
+    except ConfigError as exc:
+        return fail(str(exc))
+
+    from trikernel.server.sockets import create_and_bind
+
+    def configure(sock: Any, channel: str) -> None:
+        sockopts.apply_options(sock, channel, options)
+
+    try:
+        bound = create_and_bind(conn, configure)
+    except ConfigError as exc:
+        return fail(str(exc))
+    except TrikernelError as exc:
+        return fail(str(exc), EXIT_RUNTIME)
+    conn = conn.with_ports(bound.ports)
+
+    try:
+        if registration is not None:
+            from trikernel.protocol.wire import Signer
+            from trikernel.server.registration import register
+
+            register(
+                registration, bound.ports, Signer(conn.key, conn.signature_scheme), timeout=config.handshake_timeout
+            )
+        elif not all(isinstance(raw.get(k), int) and raw[k] > 0 for k in PORT_FIELDS):
+            write_json_atomic(path, {**raw, **bound.ports})
+        if args.write_connection_file:
+            write_json_atomic(args.write_connection_file, conn.to_dict())
+    except (HandshakeError, OSError) as exc:
+        bound.destroy()
+        return fail(f"start-up failed: {exc}", EXIT_RUNTIME)
+
+    from trikernel.launch.kernel import Kernel
+
+    nodrop = bool(dict(options.for_channel("iopub")).get("XPUB_NODROP", 1))
+    # the file a client can attach with (%connect_info): a registration file holds no ports
+    usable = args.write_connection_file if registration is not None else path
+    connection_file = os.path.abspath(usable) if usable else None
+    return Kernel(
+        conn,
+        config,
+        bound,
+        iopub_nodrop=nodrop,
+        connection_file=connection_file,
+        strict=strict,
+        message_log=message_log,
+    ).run()

@@ -1,0 +1,130 @@
+"""The kernel's command-line options, shared by ``python -m trikernel`` (cli.py)
+and ``python -m trikernel gateway-launch`` (gateway.py).
+
+Runs on: the main thread, before any other thread exists.
+
+The options are derived from :class:`~trikernel.launch.config.KernelConfig`'s
+fields (one declaration each) plus ``--log-level``, ``--write-connection-file``
+and the socket options (server/sockopts.py). A bad value exits with code 2 and
+one line naming the option (:class:`OneLineParser`, :func:`fail`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from typing import Any, NoReturn
+
+from trikernel.errors import ConfigError
+from trikernel.launch.config import KernelConfig, flag_of
+
+#: Exit code of a start-up that failed at run time (a port in use, a failed handshake).
+EXIT_RUNTIME = 1
+#: Exit code of a bad option, connection file or environment variable.
+EXIT_CONFIG = 2
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_LEVEL_ENV = "TRIKERNEL_LOG_LEVEL"
+_TYPES: dict[str, type] = {"int": int, "float": float, "str": str}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``trikernel: <problem>`` and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Exit with EXIT_CONFIG and one line naming the problem (no usage dump)."""
+        self.exit(EXIT_CONFIG, f"trikernel: {message} (see {self.prog} --help)\n")
+
+
+def log_level(text: str) -> str:
+    """A log level name, case-insensitive. Raises ArgumentTypeError."""
+    level = text.strip().upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)} (any case), got {text!r}")
+    return level
+
+
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    """One option per KernelConfig field, with its type, unit, default and help."""
+    for f in dataclasses.fields(KernelConfig):
+        flag = flag_of(f)
+        if f.type == "bool" or f.type is bool:
+            action = "store_false" if f.default else "store_true"
+            p.add_argument(flag, dest=f.name, action=action, default=f.default, help=f.metadata["help"])
+            continue
+        unit = f.metadata["unit"]
+        p.add_argument(
+            flag,
+            dest=f.name,
+            type=_TYPES[str(f.type)],
+            default=f.default,
+            metavar=f.metadata.get("metavar") or {"s": "SECONDS"}.get(unit, unit.upper()) or "N",
+            help=f"{f.metadata['help']} ({unit}; default %(default)s)" if unit else f.metadata["help"],
+        )
+
+
+def add_kernel_options(p: argparse.ArgumentParser) -> None:
+    """The kernel's options other than ``-f`` (shared with ``gateway-launch``)."""
+    from trikernel.server import sockopts
+
+    p.add_argument(
+        "--log-level",
+        type=log_level,
+        default=None,
+        help=f"kernel log level on stderr: {', '.join(LOG_LEVELS)}, any case (default: ${LOG_LEVEL_ENV} or WARNING)",
+    )
+    p.add_argument(
+        "--write-connection-file",
+        metavar="PATH",
+        help="after start-up (and the handshake), write a connection file here",
+    )
+    add_config_arguments(p)
+    sockopts.add_arguments(p)
+
+
+def kernel_config(args: argparse.Namespace) -> KernelConfig:
+    """The KernelConfig of options :func:`add_kernel_options` added (and
+    ``--log-level``'s default from the environment, set on ``args``).
+    Raises ConfigError naming the field."""
+    if args.log_level is None:
+        try:
+            args.log_level = log_level(os.environ.get(LOG_LEVEL_ENV, "WARNING"))
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"{LOG_LEVEL_ENV}: {exc}") from None
+    values: dict[str, Any] = {f.name: getattr(args, f.name) for f in dataclasses.fields(KernelConfig)}
+    return KernelConfig(**values)
+
+
+def configure_logging(level: str) -> None:
+    """The kernel's own log goes to the real stderr (the kernel's terminal,
+    never the notebook). Only the ``trikernel`` logger is configured: the
+    root logger stays the user's, so ``logging.warning(...)`` in a cell (and
+    libraries' logs, e.g. comm's errors in widget handlers) reach the
+    notebook's stderr as in ipykernel, and ``logging.basicConfig`` in a
+    cell works."""
+    handler = logging.StreamHandler(sys.__stderr__)
+    handler.setFormatter(logging.Formatter("[trikernel %(levelname)s %(name)s] %(message)s"))
+    kernel_log = logging.getLogger("trikernel")
+    kernel_log.addHandler(handler)
+    kernel_log.setLevel(getattr(logging, level))
+    kernel_log.propagate = False
+
+
+def fail(message: str, code: int = EXIT_CONFIG) -> int:
+    """Print ``trikernel: <message>`` on stderr; returns ``code`` (the exit code)."""
+    print(f"trikernel: {message}", file=sys.stderr)
+    return code
+
+
+def is_loopback(ip: str) -> bool:
+    """True for addresses only this host can reach (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if ip == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False

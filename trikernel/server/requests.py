@@ -1,0 +1,166 @@
+"""The shell and control channels: read, parse, hand to the core; send its replies.
+
+:class:`RequestServer` is the server's half of the core/transport seam
+(core/interfaces.py ``Transport``): one channel task per ROUTER (the
+socket's reader) parses every message (inbound.py) and hands it to
+:meth:`KernelCore.receive <trikernel.core.kernelcore.KernelCore.receive>`;
+every reply the core sends goes through :meth:`RequestServer.send`, the one
+code path that writes to these sockets.
+
+Who may write. A sequential shell request's reply is sent from the thread
+that ran the request (core/context.py, "Who sends the reply"), the main
+thread or a subshell's, so that the io run need not wake before it leaves.
+The ROUTER still has one owner, this server: :class:`TrioSocket
+<trikernel.server.sockets.TrioSocket>` makes every libzmq call on it under
+one lock (the full memory barrier zmq(7) asks of a socket used from more
+than one thread), and a send from another thread that consumed the
+``ZMQ_FD`` edge over a queued request wakes the io run's reader through
+its token. Control replies, and everything with ``--message-log`` (which
+records in the io run), are sent by the io run.
+
+Runs on: the io run (the channel tasks, :meth:`RequestServer.receive_nowait`,
+:meth:`RequestServer.publish`); :meth:`RequestServer.send` also the thread
+that ran a shell request; :meth:`RequestServer.publish_status_nowait` any
+thread but the io thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import trio
+
+from trikernel.core.interfaces import EMPTY, Empty
+from trikernel.protocol.wire import serialize
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from trikernel.core.kernelcore import KernelCore
+    from trikernel.protocol.wire import Message, Signer
+    from trikernel.server.iopubqueue import IOPubQueue
+    from trikernel.server.messagelog import MessageLog
+    from trikernel.server.sockets import TrioSocket
+    from trikernel.server.switchinterval import SwitchIntervals
+
+
+class RequestServer:
+    """Serves the shell and control ROUTERs for a :class:`KernelCore`.
+
+    Args:
+        sockets: ``{"shell": TrioSocket, "control": TrioSocket}``.
+        parse: frames → Message, or None for bad input (inbound.py; it
+            counts and logs what it drops).
+        signer: signs every reply.
+        queue: the IOPub queue (status messages of the brackets).
+        message_log: records every reply sent (``--message-log``), or None.
+        switch: shortens the thread switch interval while a control request
+            is received and answered (switchinterval.py), or None.
+
+    Call :meth:`attach` with the core before the io run serves.
+    """
+
+    def __init__(
+        self,
+        sockets: dict[str, TrioSocket],
+        parse: Callable[[str, list[bytes]], Message | None],
+        signer: Signer,
+        queue: IOPubQueue,
+        *,
+        message_log: MessageLog | None = None,
+        switch: SwitchIntervals | None = None,
+    ):
+        self._sockets = sockets
+        self._parse = parse
+        self._signer = signer
+        self._queue = queue
+        self._message_log = message_log
+        self._switch = switch
+        self._core: KernelCore | None = None
+        self._io_ident: int | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    def attach(self, core: KernelCore) -> None:
+        """The core the channels hand their messages to (before the io run starts)."""
+        self._core = core
+
+    async def serve(self, channel: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The channel task of ``channel`` ("shell" or "control"): read,
+        parse and hand every message to the core, until cancelled.
+
+        Cancellation: a cancelled receive loses no message (TrioSocket
+        checkpoints before it takes one); a message handed over is the
+        core's to answer.
+        """
+        assert self._core is not None, "attach() the core first"
+        sock = self._sockets[channel]
+        self._io_ident = threading.get_ident()
+        self._token = trio.lowlevel.current_trio_token()
+        switch = self._switch if channel == "control" else None
+        if switch is not None:
+            sock.on_wake = switch.shorten  # before the frames are received (switchinterval.py)
+            sock.on_empty_wake = switch.restore
+        task_status.started()
+        while True:
+            try:
+                # no local keeps a message alive between two receives: a
+                # dropped 64 MiB frame is freed at once, not at the next message
+                await self._hand_over(channel, await sock.recv_multipart())
+            finally:
+                if switch is not None:
+                    switch.restore()
+
+    async def _hand_over(self, channel: str, frames: list[bytes]) -> None:
+        msg = self._parse(channel, frames)
+        del frames
+        if msg is None:
+            return
+        assert self._core is not None
+        await self._core.receive(channel, msg)
+
+    # -- core/interfaces.Transport ---------------------------------------------------
+    @property
+    def replies_from_threads(self) -> bool:
+        """False with ``--message-log``: the log is recorded in the io run only."""
+        return self._message_log is None
+
+    def send(self, channel: str, msg: Message) -> bool:
+        """Sign and send a reply; False when the ROUTER cannot route it
+        (counted and logged by TrioSocket). Never blocks.
+
+        Runs on: the io run; for "shell" also the thread that ran the request.
+
+        Raises:
+            zmq.ZMQError: the socket is closed (a send from a user thread
+                racing the end of shutdown; the Job logs it).
+        """
+        frames = serialize(msg, self._signer)
+        sock = self._sockets[channel]
+        if self._io_ident is not None and threading.get_ident() != self._io_ident:
+            assert self._token is not None
+            return sock.send_from_thread(frames, self._token)
+        delivered = sock.send_nowait(frames)
+        if self._message_log is not None:
+            self._message_log.record("out", channel, frames, None if delivered else {"undelivered": True})
+        return delivered
+
+    async def publish(self, msg: Message) -> bool:
+        """Queue an IOPub message from the io run (iopubqueue.IOPubQueue.send)."""
+        return await self._queue.send(msg)
+
+    def publish_status_nowait(self, msg: Message) -> bool:
+        """Queue a status from a user thread without waiting (IOPubQueue.send_status_from_thread)."""
+        return self._queue.send_status_from_thread(msg)
+
+    def quiet(self) -> None:
+        """Keep IOPub quiet while a short job runs (IOPubQueue.quiet)."""
+        self._queue.quiet()
+
+    def receive_nowait(self, channel: str) -> Message | Empty | None:
+        """The next queued message on ``channel``, parsed (None: bad input,
+        dropped); EMPTY when none is queued. No checkpoint; io run."""
+        frames = self._sockets[channel].recv_multipart_nowait()
+        if frames is None:
+            return EMPTY
+        return self._parse(channel, frames)

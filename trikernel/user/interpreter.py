@@ -1,0 +1,234 @@
+"""The bodies of the jobs the io run hands to the user run.
+
+Runs on: the main thread, inside the user trio run (userrun.py). Nothing
+here touches a socket: output goes through the IOPub queue (outstream.py),
+input through the stdin bridge (stdinbridge.py), replies back to the io run
+as a job's result.
+
+:func:`set_up` builds the user side once, inside the user run: the IOPub
+sender for display, errors and comms, ``comm``, the IPython shell, the user
+nursery, the ``%trikernel`` magic and the output streams.
+:class:`ShellJobs` then runs one request at a time (or, for comm messages,
+concurrently), each inside ``ParentTracker.running(msg)``: the request is
+the ``current_request`` context variable, so everything the job prints or
+displays is parented to it (messaging spec "IOPub": ``parent_header``), and
+fd 1/2 output written meanwhile is published before the job returns, i.e.
+before the reply (fdcapture.py).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from trikernel.errors import InputNotDelivered
+from trikernel.threads import not_traced
+from trikernel.user import lanestate, outstream, threadparent
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from comm.base_comm import CommManager
+
+    from trikernel.core.interfaces import InputChannel, IOPubSink, MessageLogView
+    from trikernel.protocol.connection import ConnectionInfo
+    from trikernel.protocol.messages import MessageBuilder
+    from trikernel.protocol.wire import Message
+    from trikernel.user.shell import TrikernelShell
+    from trikernel.user.usernursery import UserNursery
+
+
+class Interpreter:
+    """One method per request the user run serves; each returns the reply
+    content (messaging spec "Messages on the shell (ROUTER/DEALER) channel").
+
+    Call only in the user run. Exceptions propagate to the io run, which
+    answers with an error reply.
+    """
+
+    def __init__(
+        self,
+        shell: TrikernelShell,
+        comm_manager: CommManager,
+        parents: outstream.ParentTracker,
+        stdin: InputChannel,
+        user_nursery: UserNursery,
+    ):
+        self.shell = shell
+        self.comm_manager = comm_manager
+        self.parents = parents
+        self.stdin = stdin
+        #: trikernel.nursery; whoever runs set_up starts its host
+        self.user_nursery = user_nursery
+
+    @property
+    def execution_count(self) -> int:
+        """The count the next ``execute_request`` will get."""
+        return int(self.shell.execution_count)
+
+    async def execute(self, msg: Message) -> dict[str, Any]:
+        """Run an ``execute_request``: publishes ``execute_input`` (unless
+        ``silent``), runs the cell, returns ``execute_reply`` content."""
+        from trikernel.user import shell as shell_mod
+
+        silent = bool(msg.content.get("silent", False))
+        with (
+            self.parents.running(msg, execute=True),
+            # the cell takes its number now: a cell on another lane may start meanwhile
+            lanestate.cell(self.shell, bool(msg.content.get("store_history", not silent))) as number,
+        ):
+            if not silent:
+                # code is a string: dispatch refuses anything else (_check_execute_content)
+                self.shell.publisher.send(
+                    "execute_input", {"code": msg.content.get("code", ""), "execution_count": number}
+                )
+            return await shell_mod.execute(
+                self.shell, msg.content, lambda prompt, password: _request_input(self.stdin, msg, prompt, password)
+            )
+
+    def complete(self, msg: Message) -> dict[str, Any]:
+        """Answer a ``complete_request`` (messaging spec "Completion"): IPython's completer at
+        ``cursor_pos`` (code points), run with ``msg`` as the running request; returns
+        ``complete_reply`` content. User run of the request's shell lane (main or subshell
+        thread)."""
+        from trikernel.user import shell as shell_mod
+
+        return self._with_parent(msg, shell_mod.complete)
+
+    def inspect(self, msg: Message) -> dict[str, Any]:
+        """Answer an ``inspect_request`` (messaging spec "Introspection"): IPython's inspector
+        for the name at ``cursor_pos``, with ``msg`` as the running request; returns
+        ``inspect_reply`` content. User run of the request's shell lane."""
+        from trikernel.user import shell as shell_mod
+
+        return self._with_parent(msg, shell_mod.inspect)
+
+    def is_complete(self, msg: Message) -> dict[str, Any]:
+        """Answer an ``is_complete_request`` (messaging spec "Code completeness"): complete,
+        incomplete (with ``indent``) or invalid, with ``msg`` as the running request; returns
+        ``is_complete_reply`` content. User run of the request's shell lane."""
+        from trikernel.user import shell as shell_mod
+
+        return self._with_parent(msg, shell_mod.is_complete)
+
+    def history(self, msg: Message) -> dict[str, Any]:
+        """Answer a ``history_request`` (messaging spec "History"): tail, range or search of
+        IPython's history database, with ``msg`` as the running request; returns
+        ``history_reply`` content. User run of the request's shell lane."""
+        from trikernel.user import shell as shell_mod
+
+        return self._with_parent(msg, shell_mod.history)
+
+    def comm(self, msg: Message) -> None:
+        """comm_open / comm_msg / comm_close from the frontend: run the
+        manager's handler (``on_msg`` callbacks, comm targets)."""
+        from trikernel.user import comms
+
+        with self.parents.running(msg):
+            comms.dispatch(self.comm_manager, msg)
+
+    def comm_info(self, msg: Message) -> dict[str, Any]:
+        """Answer a ``comm_info_request`` (messaging spec "Comm info"): the open comms, only
+        those of ``target_name`` when the request names one (a string); returns
+        ``comm_info_reply`` content. User run (a concurrent-lane job)."""
+        from trikernel.user import comms
+
+        target = msg.content.get("target_name")
+        return comms.comm_info(self.comm_manager, target if isinstance(target, str) else None)
+
+    def _with_parent(
+        self, msg: Message, fn: Callable[[TrikernelShell, dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        with self.parents.running(msg):
+            return fn(self.shell, msg.content)
+
+
+@dataclass(frozen=True)
+class UserSideDeps:
+    """What :func:`set_up` needs from the kernel (all created before the user run).
+
+    - ``builder``, ``queue``: build and queue IOPub messages;
+    - ``parents``: the fallback parent for output without a context;
+    - ``stdin``: the bridge ``input()`` uses;
+    - ``stats``: returns the IOPub counters for ``%trikernel``;
+    - ``capture_fds``: capture file descriptors 1 and 2 (KernelConfig);
+    - ``connection``, ``connection_file``: what ``%connect_info`` prints (the
+      connection info with the bound ports; a file holding it, or None);
+    - ``fd_backlog_bytes``: bytes per captured fd held for the notebook
+      before more is dropped, counted and shown (KernelConfig).
+    - ``message_log``: what ``%trikernel log`` shows (``--message-log``), or None.
+    """
+
+    builder: MessageBuilder
+    queue: IOPubSink
+    parents: outstream.ParentTracker
+    stdin: InputChannel
+    stats: Callable[[], dict[str, Any]]
+    capture_fds: bool
+    connection: ConnectionInfo | None = None
+    connection_file: str | None = None
+    fd_backlog_bytes: int = 64 << 20
+    message_log: MessageLogView | None = None
+
+
+def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> Interpreter:
+    """Build the user side, inside the user run (main thread): IPython,
+    ``comm``, the user nursery, the magics, the output streams.
+
+    Slow (IPython imports): the io run answers ``kernel_info`` meanwhile.
+    The user nursery's host is not started here: the caller awaits
+    ``nursery.start(jobs.user_nursery.host)`` before the first job.
+    """
+    import trikernel
+    from trikernel.user import comms, magics
+    from trikernel.user import shell as shell_mod
+    from trikernel.user.kernelhandle import ShellKernel
+    from trikernel.user.usernursery import UserNursery
+
+    publisher = outstream.Publisher(deps.builder, deps.queue, deps.parents)
+    comm_manager = comms.install(publisher)
+    # Threads IPython starts (the history saver) inherit this mask: SIGINT
+    # must reach the main thread, where user code runs.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        shell = shell_mod.create_shell(publisher)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    save_thread = getattr(shell.history_manager, "save_thread", None)
+    if isinstance(save_thread, threading.Thread):
+        not_traced(save_thread)  # the debugger never stops it (debugger.py)
+    comms.set_shell(shell)
+    # get_ipython().kernel: what ipywidgets and friends use (shellkernel.py)
+    shell.kernel = ShellKernel(deps.parents, comm_manager=comm_manager, shell=shell, session=deps.builder.session_id)
+
+    un = UserNursery(nursery, shell.showtraceback)
+    trikernel.nursery = un
+    held = trikernel._user_path_entry
+    if held is not None and held not in sys.path:
+        sys.path.insert(0, held)  # user code imports from the notebook's folder (__main__.py)
+    for name, value in (("nursery", un), ("trio", trio)):
+        shell.user_ns[name] = value
+        shell.user_ns_hidden[name] = value
+    magics.register(shell, deps.stats, deps.message_log)
+    info = deps.connection.to_dict() if deps.connection is not None else None
+    magics.register_kernel_magics(shell, magics.ConnectionFile(info, deps.connection_file) if info else None)
+    threadparent.install()  # threads and executor work keep the request that started them
+    outstream.install(deps.queue, deps.parents, capture_fds=deps.capture_fds, fd_backlog=deps.fd_backlog_bytes)
+    return Interpreter(shell, comm_manager, deps.parents, deps.stdin, un)
+
+
+def _request_input(stdin: InputChannel, msg: Message, prompt: str, password: bool) -> str:
+    """``input()`` / ``getpass()`` of the cell ``msg``: the stdin channel's
+    answer; a request that could not be delivered raises IPython's
+    StdinNotImplementedError, as for ``allow_stdin: false``."""
+    from IPython.core.error import StdinNotImplementedError
+
+    try:
+        return stdin.request_input(msg, prompt, password)
+    except InputNotDelivered as exc:
+        raise StdinNotImplementedError(str(exc)) from None
