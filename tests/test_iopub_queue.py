@@ -3,7 +3,7 @@
 A real XPUB bound on loopback (options set before bind, as sockets.py does)
 and real SUB subscribers in the same process; the publisher runs in a trio
 run in the test thread, producers are the test thread (before the run
-starts), threads (``IOPubQueue.send_from_thread``/``write_stream``) or io-run tasks
+starts), threads (``IOPubQueue.put_from_thread``/``write_stream``) or io-run tasks
 (``send``). No kernel subprocess, no IPython.
 
 Covered: stream coalescing and what seals a batch (other message, other
@@ -220,13 +220,13 @@ def test_coalescing_and_what_seals_a_batch(rig_factory: Any) -> None:
     # queued before the publisher runs: nothing leaves yet, batches stay open
     q.write_stream("stdout", "a", p1)
     q.write_stream("stdout", "b", p1)  # same stream, same parent: coalesced
-    q.send_from_thread(rig.display(1, p1))  # any other message seals
+    q.put_from_thread(rig.display(1, p1))  # any other message seals
     q.write_stream("stdout", "c", p1)
     q.write_stream("stderr", "d", p1)  # another stream seals stdout
     q.write_stream("stdout", "e", p1)
     q.write_stream("stdout", "f", p2)  # new parent seals
     q.write_stream("stdout", "g", p2)
-    q.send_from_thread(rig.msg("status", {"execution_state": "idle"}, p2))
+    q.put_from_thread(rig.msg("status", {"execution_state": "idle"}, p2))
 
     async def main() -> None:
         r = Reader(sub)
@@ -254,7 +254,7 @@ def test_batch_sealed_by_size_text_intact(rig_factory: Any) -> None:
     parts = [f"{i:04d}" + "x" * 95 + "\n" for i in range(100)]  # 100 chars each
     for p in parts:
         rig.queue.write_stream("stdout", p, {"msg_id": "p"})
-    rig.queue.send_from_thread(rig.msg("status", {"execution_state": "idle"}))
+    rig.queue.put_from_thread(rig.msg("status", {"execution_state": "idle"}))
 
     async def main() -> None:
         r = Reader(sub)
@@ -279,7 +279,7 @@ def test_thread_flood_is_coalesced_in_order(rig_factory: Any) -> None:
         for i in range(n_lines):
             rig.queue.write_stream("stdout", f"{i}", {"msg_id": "p"})
             rig.queue.write_stream("stdout", "\n", {"msg_id": "p"})
-        rig.queue.send_from_thread(rig.msg("status", {"execution_state": "idle"}))
+        rig.queue.put_from_thread(rig.msg("status", {"execution_state": "idle"}))
 
     async def main() -> None:
         async with welcomed(rig, sub) as (r, n):
@@ -327,7 +327,7 @@ def test_sealing_ends_the_hold_on_an_open_stream_batch(rig_factory: Any, monkeyp
             await trio.to_thread.run_sync(lambda: rig.queue.write_stream("stdout", "line\n", {}))
             await trio.sleep(0.2)  # the task now holds the open batch (it waits 30 s for more text)
             assert not streams(r.msgs)
-            await trio.to_thread.run_sync(lambda: rig.queue.send_from_thread(rig.display(1)))
+            await trio.to_thread.run_sync(lambda: rig.queue.put_from_thread(rig.display(1)))
             await r.read_until(count_is(2), 10)
         assert [m.msg_type for m in r.non_welcome()] == ["stream", "display_data"]
 
@@ -347,7 +347,7 @@ def test_a_lone_message_after_a_pause_is_not_held_back(rig_factory: Any, monkeyp
     async def main() -> None:
         async with welcomed(rig, sub) as (r, _):
             await trio.sleep(0.1)  # a pause longer than BURST_GAP
-            await trio.to_thread.run_sync(lambda: rig.queue.send_from_thread(rig.display(7)))
+            await trio.to_thread.run_sync(lambda: rig.queue.put_from_thread(rig.display(7)))
             await r.read_until(count_is(1), 10)
         assert [m.content["data"]["text/plain"] for m in r.non_welcome()] == ["7"]
 
@@ -364,7 +364,7 @@ def test_fifo_across_thread_producers(rig_factory: Any) -> None:
 
     def produce(t: int) -> None:
         for i in range(per):
-            rig.queue.send_from_thread(
+            rig.queue.put_from_thread(
                 rig.msg("display_data", {"data": {"text/plain": f"{t}:{i}"}, "metadata": {}, "transient": {}}),
             )
             if i % 50 == 0:
@@ -403,7 +403,7 @@ def test_backpressure_blocks_producers_at_capacity(rig_factory: Any) -> None:
 
     def produce() -> None:
         for i in range(cap + 3):
-            rig.queue.send_from_thread(rig.display(i))
+            rig.queue.put_from_thread(rig.display(i))
             progress.append(i)
         done.set()
 
@@ -448,7 +448,7 @@ def test_send_waits_for_credit_in_io_run(rig_factory: Any) -> None:
 
         async def producer() -> None:
             for i in range(total):
-                await rig.queue.send(rig.display(i))
+                await rig.queue.put(rig.display(i))
                 finished.append(i)
 
         async with trio.open_nursery() as n:
@@ -470,7 +470,7 @@ def test_close_drains_then_run_returns(rig_factory: Any) -> None:
     sub = rig.subscriber()
     rig.wait_subscribed()
     for i in range(500):
-        rig.queue.send_from_thread(rig.display(i))
+        rig.queue.put_from_thread(rig.display(i))
     rig.queue.write_stream("stdout", "tail", {})
     rig.queue.close()
 
@@ -500,7 +500,7 @@ def test_nodrop_waits_for_slow_subscriber_without_loss(rig_factory: Any) -> None
 
             async def produce() -> None:
                 for i in range(n):
-                    await rig.queue.send(rig.display(i, pad=1000))
+                    await rig.queue.put(rig.display(i, pad=1000))
 
             nursery.start_soon(produce)
             await trio.sleep(1.5)  # subscriber not reading: its pipe fills, sends wait
@@ -528,7 +528,7 @@ def test_stuck_subscriber_falls_back_live_one_gets_all(rig_factory: Any, caplog:
 
             async def produce() -> None:
                 for i in range(n):
-                    await rig.queue.send(rig.display(i, pad=500))
+                    await rig.queue.put(rig.display(i, pad=500))
 
             t0 = time.monotonic()
             nursery.start_soon(produce)
@@ -591,7 +591,7 @@ def test_new_subscriber_does_not_cost_a_slow_subscriber_messages(rig_factory: An
 
             async def produce() -> None:
                 for i in range(n):
-                    await rig.queue.send(rig.display(i, pad=1000))
+                    await rig.queue.put(rig.display(i, pad=1000))
 
             nursery.start_soon(produce)
             await trio.sleep(1.0)
@@ -641,9 +641,9 @@ def test_what_is_published_before_the_first_subscriber_reaches_it(rig_factory: A
         async with running(rig):
             assert rig.publisher.holding
             for i in range(50):
-                await rig.queue.send(rig.display(i))
+                await rig.queue.put(rig.display(i))
             rig.queue.write_stream("stdout", "42\n", {"msg_id": "p"})
-            await rig.queue.send(rig.msg("status", {"execution_state": "idle"}))
+            await rig.queue.put(rig.msg("status", {"execution_state": "idle"}))
             await _until(lambda: rig.stats.held == 52)
             assert rig.stats.sent == 0
             r = Reader(rig.subscriber())
@@ -655,7 +655,7 @@ def test_what_is_published_before_the_first_subscriber_reaches_it(rig_factory: A
             assert streams(got[50:51]) == [("stdout", "42\n", "p")]
             assert [m.msg_type for m in got[51:]] == ["status"]
             # and from now on nothing is held
-            await rig.queue.send(rig.display(99))
+            await rig.queue.put(rig.display(99))
             await r.read_until(count_is(53), 5)
             assert (rig.stats.held, rig.stats.hold_drops, rig.stats.sent) == (52, 0, 53)
 
@@ -668,7 +668,7 @@ def test_the_hold_is_bounded_and_drops_oldest_first(rig_factory: Any) -> None:
     async def main() -> None:
         async with running(rig):
             for i in range(200):
-                await rig.queue.send(rig.display(i, pad=500))
+                await rig.queue.put(rig.display(i, pad=500))
             await _until(lambda: rig.stats.held == 200)
             assert 0 < rig.stats.hold_drops < 200
             kept = 200 - rig.stats.hold_drops
@@ -695,11 +695,11 @@ def test_without_a_monitor_only_the_first_subscriber_is_held_for(rig_factory: An
             r1 = Reader(first)
             await r1.read_until(lambda m: len(r1.welcomes()) == 1, 5)
             assert not rig.publisher.holding
-            await rig.queue.send(rig.display(1))
+            await rig.queue.put(rig.display(1))
             await r1.read_until(count_is(1), 5)
             first.close(linger=0)
             rig.subs.remove(first)
-            await rig.queue.send(rig.display(2))
+            await rig.queue.put(rig.display(2))
             await _until(lambda: rig.stats.sent == 2)
             r2 = Reader(rig.subscriber())
             await r2.read_until(lambda m: len(r2.welcomes()) == 1, 5)
@@ -719,7 +719,7 @@ def test_nothing_is_held_with_hold_bytes_zero(rig_factory: Any) -> None:
 
     async def main() -> None:
         async with running(rig):
-            await rig.queue.send(rig.display(1))
+            await rig.queue.put(rig.display(1))
             await _until(lambda: rig.stats.sent == 1)
             r = Reader(rig.subscriber())
             await r.read_until(lambda m: len(m) >= 1, 5)
@@ -739,9 +739,9 @@ def test_a_message_larger_than_the_hold_is_dropped_alone(rig_factory: Any) -> No
     async def main() -> None:
         async with running(rig):
             for i in range(3):
-                await rig.queue.send(rig.display(i))
-            await rig.queue.send(rig.display(99, pad=10_000))
-            await rig.queue.send(rig.display(3))
+                await rig.queue.put(rig.display(i))
+            await rig.queue.put(rig.display(99, pad=10_000))
+            await rig.queue.put(rig.display(3))
             await _until(lambda: rig.stats.held == 5)
             assert rig.stats.hold_drops == 1
             r = Reader(rig.subscriber())
@@ -784,7 +784,7 @@ def test_a_stray_unsubscription_does_not_silence_a_live_subscriber(rig_factory: 
             stray = _raw_sub(rig.url, [b"\x00"])  # unsubscribes from b"" without a subscription
             try:
                 await trio.sleep(0.3)
-                await rig.queue.send(rig.display(1))
+                await rig.queue.put(rig.display(1))
                 await r.read_until(count_is(1), 3)
             finally:
                 stray.close()
@@ -811,7 +811,7 @@ def test_with_no_connection_left_the_next_subscriber_gets_what_came_between(rig_
             subscriptions = 1 if how == "one subscriber" else 2
             await r.read_until(lambda m: len(r.welcomes()) == subscriptions, 5)  # one welcome per subscription
             await _until(lambda: not rig.publisher.holding and rig.publisher.connections == len(subs))
-            await rig.queue.send(rig.display(1))
+            await rig.queue.put(rig.display(1))
             await r.read_until(count_is(1), 5)
             subs[0].close(linger=0)
             rig.subs.remove(subs[0])
@@ -821,7 +821,7 @@ def test_with_no_connection_left_the_next_subscriber_gets_what_came_between(rig_
                 subs[1].close(linger=0)
                 rig.subs.remove(subs[1])
             await _until(lambda: rig.publisher.holding)  # no connection left
-            await rig.queue.send(rig.display(2))
+            await rig.queue.put(rig.display(2))
             await _until(lambda: rig.stats.held == 1)
             r3 = Reader(rig.subscriber())
             await r3.read_until(count_is(1), 5)
@@ -845,12 +845,12 @@ def test_with_the_monitor_a_stray_unsubscription_does_not_start_the_hold(rig_fac
             try:
                 # while the stray peer is there (libzmq may also drop it at once:
                 # the count is not waited on), and after it has left
-                await rig.queue.send(rig.display(1))
+                await rig.queue.put(rig.display(1))
                 await r.read_until(count_is(1), 3)
                 stray.close()
                 await _until(lambda: rig.publisher.connections == 1)  # only the live subscriber
                 assert not rig.publisher.holding
-                await rig.queue.send(rig.display(2))
+                await rig.queue.put(rig.display(2))
                 await r.read_until(count_is(2), 3)
             finally:
                 stray.close()
@@ -881,7 +881,7 @@ def test_a_subscription_read_after_its_connection_left_does_not_end_the_hold(rig
                 await trio.sleep(0.05)
                 assert rig.publisher.holding, f"connection {i}"
             assert rig.stats.welcomes >= 1  # the case happened: a subscription of a peer that had left was read
-            await rig.queue.send(rig.display(1))
+            await rig.queue.put(rig.display(1))
             await _until(lambda: rig.stats.held == 1)
             r = Reader(rig.subscriber())
             await r.read_until(count_is(1), 5)
@@ -902,11 +902,11 @@ def test_the_quiet_window_holds_messages_until_a_status_ends_it(rig_factory: Any
     async def main() -> None:
         async with welcomed(rig, sub) as (r, _):
             rig.queue.quiet(30.0)
-            await trio.to_thread.run_sync(lambda: [rig.queue.send_from_thread(rig.display(i)) for i in range(2)])
+            await trio.to_thread.run_sync(lambda: [rig.queue.put_from_thread(rig.display(i)) for i in range(2)])
             await r.read_for(0.3)
             assert r.non_welcome() == []  # held by the window
             idle = rig.session.status("idle", None)
-            assert await trio.to_thread.run_sync(lambda: rig.queue.send_status_from_thread(idle))
+            assert await trio.to_thread.run_sync(lambda: rig.queue.put_status_nowait(idle))
             await r.read_until(count_is(3), 10)
         got = [m.content.get("data", {}).get("text/plain") or m.content.get("execution_state") for m in r.non_welcome()]
         assert got == ["0", "1", "idle"]
@@ -921,7 +921,7 @@ def test_the_quiet_window_ends_by_itself(rig_factory: Any) -> None:
     async def main() -> None:
         async with welcomed(rig, sub) as (r, _):
             rig.queue.quiet(0.05)
-            await trio.to_thread.run_sync(lambda: rig.queue.send_from_thread(rig.display(5)))
+            await trio.to_thread.run_sync(lambda: rig.queue.put_from_thread(rig.display(5)))
             await r.read_until(count_is(1), 10)  # no status came: the window ran out
         assert [m.content["data"]["text/plain"] for m in r.non_welcome()] == ["5"]
 
@@ -929,7 +929,7 @@ def test_the_quiet_window_ends_by_itself(rig_factory: Any) -> None:
 
 
 def test_status_from_a_thread_never_waits(rig_factory: Any) -> None:
-    """send_status_from_thread takes a credit, else the io run's overdraft,
+    """put_status_nowait takes a credit, else the io run's overdraft,
     else refuses (False) at once: the caller leaves idle to the io run."""
     rig = rig_factory(capacity=1)
     q = rig.queue
@@ -938,12 +938,12 @@ def test_status_from_a_thread_never_waits(rig_factory: Any) -> None:
         q.attach()  # the io thread is this run's; the producer below is another thread
 
         def produce() -> list[bool]:
-            assert q.send_from_thread(rig.display(0))  # the one credit
-            return [q.send_status_from_thread(rig.session.status("idle", None)) for _ in range(IO_OVERDRAFT + 1)]
+            assert q.put_from_thread(rig.display(0))  # the one credit
+            return [q.put_status_nowait(rig.session.status("idle", None)) for _ in range(IO_OVERDRAFT + 1)]
 
         results = await trio.to_thread.run_sync(produce)
         assert results == [True] * IO_OVERDRAFT + [False]
         q.close()
-        assert not await trio.to_thread.run_sync(lambda: q.send_status_from_thread(rig.session.status("idle", None)))
+        assert not await trio.to_thread.run_sync(lambda: q.put_status_nowait(rig.session.status("idle", None)))
 
     trio.run(main)

@@ -209,7 +209,7 @@ class IOPubSink(Protocol):
     def stats(self) -> IOPubStatistics:
         """The counters (``silenced``: output of silent requests dropped)."""
 
-    def send_from_thread(self, msg: Message) -> bool:
+    def put_from_thread(self, msg: Message) -> bool:
         """Queue a signed IOPub message; blocks while the queue is full
         (backpressure). Runs on: any thread but the io thread."""
 

@@ -460,7 +460,7 @@ class Debugger:
                 tid = body.get("threadId")
                 if isinstance(tid, int):
                     self.stopped_threads.discard(tid)
-        await self._d.queue.send(self._d.builder.iopub("debug_event", event, self._parent))
+        await self._d.queue.put(self._d.builder.iopub("debug_event", event, self._parent))
 
     async def _add_all_threads(self) -> None:
         client = self._client

@@ -141,8 +141,8 @@ class IOPubQueue:
     ``stream_batch_chars``: a stream batch is sealed past this many
     characters of text. ``signer``: signs every message a producer queues.
 
-    Producers: :meth:`send_from_thread` and :meth:`write_stream` from any
-    thread but the io thread, :meth:`send` from tasks of the io run. The
+    Producers: :meth:`put_from_thread` and :meth:`write_stream` from any
+    thread but the io thread, :meth:`put` from tasks of the io run. The
     consumer (:meth:`get`, :meth:`take_text`, :meth:`release`) is the iopub
     task alone.
     """
@@ -234,7 +234,7 @@ class IOPubQueue:
             assert self._io_token is not None
             self._io_token.run_sync_soon(ev.set)
 
-    def send_from_thread(self, msg: Message) -> bool:
+    def put_from_thread(self, msg: Message) -> bool:
         """Queue ``msg`` from any thread but the io thread; blocks while full.
 
         Serialises and signs in the caller's thread. Blocks (backpressure)
@@ -243,11 +243,11 @@ class IOPubQueue:
         ``dropped_closed``, when the queue is closed (the kernel is shutting
         down), including when it closes during the wait.
 
-        Raises RuntimeError when called from the io thread (use :meth:`send`).
+        Raises RuntimeError when called from the io thread (use :meth:`put`).
         """
         frames = serialize(msg, self.signer)
         if self.in_io_thread:
-            raise RuntimeError("IOPubQueue.send_from_thread from the io thread; use send")
+            raise RuntimeError("IOPubQueue.put_from_thread from the io thread; use put")
         with self._lock:
             if not self._take_credit_locked():
                 return False
@@ -264,9 +264,9 @@ class IOPubQueue:
                 ev, self._consumer_wake = self._consumer_wake, None
                 self._wake(ev)
 
-    def send_status_from_thread(self, msg: Message) -> bool:
+    def put_status_nowait(self, msg: Message) -> bool:
         """Queue a ``status`` message from any thread but the io thread,
-        never waiting: a credit, else the overdraft :meth:`send` uses (so
+        never waiting: a credit, else the overdraft :meth:`put` uses (so
         status never waits behind a stalled subscriber). Returns False,
         queueing nothing, when neither is left or the queue is closed: the
         caller then leaves the message to the io run (dispatch.py,
@@ -274,7 +274,7 @@ class IOPubQueue:
         """
         frames = serialize(msg, self.signer)
         if self.in_io_thread:
-            raise RuntimeError("IOPubQueue.send_status_from_thread from the io thread; use send")
+            raise RuntimeError("IOPubQueue.put_status_nowait from the io thread; use send")
         with self._lock:
             return not self.closed and self._append_with_overdraft_locked((msg.msg_type, frames))
 
@@ -291,7 +291,7 @@ class IOPubQueue:
         self._append_locked(item)
         return True
 
-    async def send(self, msg: Message) -> bool:
+    async def put(self, msg: Message) -> bool:
         """Queue ``msg`` from a task of the io run; waits while full.
 
         May go up to IO_OVERDRAFT messages past the capacity first, so that

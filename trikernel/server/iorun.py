@@ -152,7 +152,7 @@ class IORun:
         self._shutdown = trio.Event()
         async with trio.open_nursery() as outer:
             await outer.start(p.iopub.run)
-            await p.queue.send(p.builder.status("starting", None))
+            await p.queue.put(p.builder.status("starting", None))
             async with trio.open_nursery() as inner:
                 await inner.start(p.core.run)
                 await inner.start(p.requests.serve, "control")

@@ -146,12 +146,12 @@ class RequestServer:
         return delivered
 
     async def publish(self, msg: Message) -> bool:
-        """Queue an IOPub message from the io run (iopubqueue.IOPubQueue.send)."""
-        return await self._queue.send(msg)
+        """Queue an IOPub message from the io run (iopubqueue.IOPubQueue.put)."""
+        return await self._queue.put(msg)
 
     def publish_status_nowait(self, msg: Message) -> bool:
-        """Queue a status from a user thread without waiting (IOPubQueue.send_status_from_thread)."""
-        return self._queue.send_status_from_thread(msg)
+        """Queue a status from a user thread without waiting (IOPubQueue.put_status_nowait)."""
+        return self._queue.put_status_nowait(msg)
 
     def quiet(self) -> None:
         """Keep IOPub quiet while a short job runs (IOPubQueue.quiet)."""

@@ -194,7 +194,7 @@ class StdinBridge:
                 refused = self._on_frames(await sock.recv_multipart())
                 if refused is not None and self._iopub is not None:
                     content = refusal(refused.msg_type, refused.violations)
-                    await self._iopub.send(self._builder.iopub("error", content, refused.header))
+                    await self._iopub.put(self._builder.iopub("error", content, refused.header))
 
     def _on_frames(self, frames: list[bytes]) -> Refused | None:
         """An input_reply answers its pending input(); anything else is bad

@@ -187,7 +187,7 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> Interpreter:
     import trikernel
     from trikernel.user import comms, magics
     from trikernel.user import shell as shell_mod
-    from trikernel.user.kernelhandle import ShellKernel
+    from trikernel.user.kernelhandle import KernelHandle
     from trikernel.user.usernursery import UserNursery
 
     publisher = outstream.Publisher(deps.builder, deps.queue, deps.parents)
@@ -204,7 +204,7 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> Interpreter:
         not_traced(save_thread)  # the debugger never stops it (debugger.py)
     comms.set_shell(shell)
     # get_ipython().kernel: what ipywidgets and friends use (shellkernel.py)
-    shell.kernel = ShellKernel(deps.parents, comm_manager=comm_manager, shell=shell, session=deps.builder.session_id)
+    shell.kernel = KernelHandle(deps.parents, comm_manager=comm_manager, shell=shell, session=deps.builder.session_id)
 
     un = UserNursery(nursery, shell.showtraceback)
     trikernel.nursery = un

@@ -28,7 +28,7 @@ Threads: any thread may call it; the request comes from
 inherited by trio tasks and threads), else the latest execute request.
 
 Runs on: any thread (``get_parent`` reads the running request of the
-caller's context); :class:`ShellKernel` is built on the main thread at
+caller's context); :class:`KernelHandle` is built on the main thread at
 set-up.
 """
 
@@ -60,7 +60,7 @@ def message_dict(msg: Message) -> dict[str, Any]:
     }
 
 
-class ShellKernel:
+class KernelHandle:
     """``get_ipython().kernel`` in trikernel (see the module docstring).
 
     ``parents``: where the running request is found; ``comm_manager``: the

@@ -255,7 +255,7 @@ class Publisher:
             self.queue.stats.silenced += 1
             return
         msg = self.builder.iopub(msg_type, content, self.parents.get(), metadata=metadata or {}, buffers=buffers)
-        self.queue.send_from_thread(msg)
+        self.queue.put_from_thread(msg)
 
 
 def install(

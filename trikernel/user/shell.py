@@ -37,7 +37,7 @@ from trikernel.user.history import HistoryManager
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from trikernel.user.kernelhandle import ShellKernel
+    from trikernel.user.kernelhandle import KernelHandle
     from trikernel.user.outstream import Publisher
 
 log = logging.getLogger("trikernel.shell")
@@ -218,7 +218,7 @@ class TrikernelShell(InteractiveShell):
     #: TrikernelDisplayHook); per shell lane (lanestate.py)
     _formatting_error = lanestate.PerLane(lambda shell: None)
     #: what ``get_ipython().kernel`` offers user code (shellkernel.py)
-    kernel: ShellKernel | None = None
+    kernel: KernelHandle | None = None
 
     def _payloads(self) -> Any:
         pm = self.payload_manager
