@@ -3,7 +3,7 @@
 Compares, with real kernels in subprocesses driven by jupyter_client:
 
 - ``trikernel``: this tree (fd 1/2 drained by the relay process, flushed
-  before every reply; trikernel/fdcapture.py);
+  before every reply; trikernel/user/fdcapture.py);
 - ``trikernel-REV``: trikernel at each ``--baseline`` revision (default
   b491ff5: the pipe drained by a kernel thread, no flush), run from
   ``git archive REV``;

@@ -2,7 +2,7 @@
 
 No kernel. The main thread runs a trio run as trikernel's user run does; a
 second thread runs a trio run as the io thread does and hands it jobs the
-way dispatch.py does (``TrioToken.run_sync_soon`` into a memory channel;
+way core/kernelcore.py does (``TrioToken.run_sync_soon`` into a memory channel;
 the job answers through the io run's token). Timed: one hand-off and its
 answer, ``--n`` times, 0.5 ms apart, for
 

@@ -182,7 +182,7 @@ class ValidatingClient(BlockingKernelClient):
             if msg["msg_type"] == "comm_open":
                 assert isinstance(c["target_name"], str)
         elif msg["msg_type"] in DEBUG_TYPES:
-            # msgspec_v5 has no debug schemas: the DAP shapes of trikernel/msgspec.py
+            # msgspec_v5 has no debug schemas: the DAP shapes of trikernel/protocol/msgspec.py
             # (spec "Debug request", "Debug event"; DAP ProtocolMessage/Response/Event)
             from trikernel.protocol import msgspec
 

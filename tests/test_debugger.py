@@ -3,7 +3,7 @@
 Driven by jupyter_client as JupyterLab drives it (messaging spec "Debug
 request", "Debug event", "Additions to the DAP"): debug_request on control,
 debug_event on IOPub. Every debug message read is checked against the DAP
-shapes of trikernel/msgspec.py (conftest.ValidatingClient). The kernels run
+shapes of trikernel/protocol/msgspec.py (conftest.ValidatingClient). The kernels run
 from the real kernelspec (``kernelspec.kernel_json``: ``-Xfrozen_modules=off``).
 """
 

@@ -251,7 +251,7 @@ def test_a_client_that_subscribes_late_gets_the_first_cells_messages(jupyter_pat
     busy, output and idle were published (a plain PUB drops them;
     jupyter_client#593), and it waited for idle for ever. Here the client
     subscribes only after the cell's reply, so the kernel must have held the
-    messages for it (iopub.py, "Before the first subscriber")."""
+    messages for it (server/iopubtask.py, "Before the first subscriber")."""
     km, kc = start_kernel("trikernel-test-signal", iopub=False)
     try:
         msg_id = kc.execute("print(6 * 7)")

@@ -3,7 +3,7 @@
 The real UserRun runs on the test's main thread, as the kernel runs it
 (``on_main_thread``: its SIGINT handling is the real one), driven through
 guestrun.run as in the kernel. A fake io run, a plain ``trio.run`` on a
-helper thread, plays dispatch.py's part: it makes Jobs (they capture its
+helper thread, plays core/kernelcore.py's part: it makes Jobs (they capture its
 token), hands them over with ``start_job_soon``/``start_task_soon``, waits
 on ``job.done`` and calls ``interrupt()``/``stop()``. Job bodies are small
 async functions of the test (xeus's mock interpreter and ipykernel's

@@ -4,7 +4,7 @@
 folder holding ``trio.py``, ``comm.py`` or ``zmq.py`` would then shadow
 what the kernel imports and kill it at start-up. The entry is set aside
 before anything is imported and given back to user code once IPython has
-loaded (``jobs.set_up``), as ipykernel's launcher does, so ``import
+loaded (``user.interpreter.set_up``), as ipykernel's launcher does, so ``import
 mymodule`` from the notebook's folder still works.
 
 Runs on: the main thread, before any other thread exists (it sets the

@@ -4,7 +4,7 @@
 Which run or thread each part runs on:
 
 - :class:`Debugger` and :class:`DapClient` run in the **io run** (io thread):
-  every ``debug_request`` is one task there (dispatch.py, lane ``debug``), so
+  every ``debug_request`` is one task there (core/kernelcore.py, lane ``debug``), so
   a request that waits on debugpy or on the main thread never holds up the
   control channel (kernel_info, interrupt). The client talks to debugpy's
   adapter over a TCP stream of the io run; one reader task takes every DAP

@@ -1,15 +1,18 @@
 """The kernel's lifecycle: build the parts, start the threads, serve, shut down.
 
 Threads (docs/design.md, "Threads and loops"):
-- main thread: the user trio run (userrun.py) with IPython (jobs.py,
-  shell.py) — :meth:`Kernel.run` blocks in it;
-- "trikernel-io": one trio run (iorun.py) owning shell, control, stdin
-  (dispatch.py, stdinbridge.py) and iopub (iopub.py);
-- "trikernel-heartbeat": the C-level echo (heartbeat.py).
+- main thread: the user trio run (user/userrun.py) with IPython
+  (user/interpreter.py, user/shell.py) — :meth:`Kernel.run` blocks in it;
+- "trikernel-io": one trio run (server/iorun.py): the server, owning shell,
+  control, stdin and iopub (server/requests.py, stdin.py, iopubtask.py), and
+  the core (core/kernelcore.py);
+- "trikernel-heartbeat": the C-level echo (server/heartbeat.py).
 
 :class:`Kernel` is created on the main thread after every socket is bound
-(cli.py) and holds no request logic: the path of a request is
-dispatch.py (io run) → userrun.py (hand-off) → jobs.py (user run) → back.
+(launch/cli.py) and holds no request logic; it wires the layers: the server
+is the core's ``Transport``, the user side its ``Interpreter``; the path of
+a request is server → core (io run) → Job (hand-off) → user/interpreter.py
+(user run) → back (docs/design.md, "The path of a request").
 
 Runs on: the main thread (built there; :meth:`Kernel.run` blocks in the
 user run); :meth:`Kernel.request_shutdown` and ``iopub_counters`` from any
@@ -59,7 +62,7 @@ if TYPE_CHECKING:
     from trikernel.server.messagelog import MessageLog
 
 # IPython and comm are imported on the main thread, inside the user run
-# (jobs.set_up), never at import time here: the io thread must answer
+# (interpreter.set_up), never at import time here: the io thread must answer
 # kernel_info while IPython is still loading.
 
 log = logging.getLogger("trikernel.kernel")

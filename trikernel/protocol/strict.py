@@ -11,7 +11,7 @@ never run:
 - a ``*_request`` on shell or control gets its ``*_reply`` with
   ``status: error``, ``ename: ProtocolError`` and an ``evalue`` that names
   each field, what the spec expects there and the spec section, inside the
-  usual busy/idle (dispatch.py, route ``REFUSED``, io lane: answered at
+  usual busy/idle (core/kernelcore.py, route ``REFUSED``, io lane: answered at
   once, ahead of requests queued for the sequential lane);
 - where the spec defines no reply (``comm_open`` / ``comm_msg`` /
   ``comm_close``, any other non-request on shell or control, and

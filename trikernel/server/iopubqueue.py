@@ -269,7 +269,7 @@ class IOPubQueue:
         never waiting: a credit, else the overdraft :meth:`put` uses (so
         status never waits behind a stalled subscriber). Returns False,
         queueing nothing, when neither is left or the queue is closed: the
-        caller then leaves the message to the io run (dispatch.py,
+        caller then leaves the message to the io run (core/kernelcore.py,
         "Replies"). Raises RuntimeError from the io thread.
         """
         frames = serialize(msg, self.signer)
@@ -343,7 +343,7 @@ class IOPubQueue:
         after ``busy``): waiting there would hold the cell's ``idle`` behind
         the window (trio's epoll rounds it up to 1 ms; issue 12). Nor does
         it wait when a ``status`` message is queued: ``idle`` ends the
-        request's output, whichever thread queued it (dispatch.py, "Replies").
+        request's output, whichever thread queued it (core/kernelcore.py, "Replies").
         """
         while True:
             with self._lock:

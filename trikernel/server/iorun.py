@@ -4,8 +4,8 @@ Runs on: the "trikernel-io" thread (docs/design.md, "Threads and loops"),
 except :meth:`IORun.start`, :meth:`IORun.wait_ready` and
 :meth:`IORun.request_shutdown`, which other threads call.
 
-Its root nursery holds the iopub task (iopub.py), then the control, shell
-and stdin channel tasks (dispatch.py, stdinbridge.py) and the launcher
+Its root nursery holds the iopub task (iopubtask.py), then the core (core/kernelcore.py), the control, shell
+and stdin channel tasks (core/kernelcore.py, server/stdin.py) and the launcher
 watcher. Each starts with ``task_status``, so "serving" is a fact when
 :meth:`IORun.wait_ready` returns. Shutdown: the channel tasks are cancelled
 after the user run stopped, then the IOPub queue is closed and the iopub

@@ -54,7 +54,7 @@ class BoundSockets:
     ``iopub_monitor``: a PAIR socket that receives the iopub XPUB's
     ``EVENT_ACCEPTED`` and ``EVENT_DISCONNECTED`` (zmq_socket_monitor(3)),
     attached before bind so that no connection is missed; owned by
-    iopub.py's task, which counts connections with it.
+    the iopub task (iopubtask.py), which counts connections with it.
     """
 
     context: zmq.Context[zmq.Socket[bytes]]
@@ -224,7 +224,7 @@ class TrioSocket:
     :meth:`send_nowait` and :meth:`recv_multipart_nowait`, also while the
     reader waits. Every libzmq call on the socket is made under one lock,
     so :meth:`send_from_thread` (the shell's replies, sent by the thread
-    that ran the request: dispatch.py, "Replies") never touches the socket
+    that ran the request: core/kernelcore.py, "Replies") never touches the socket
     at the same time as the owning run; a lock is the full memory barrier
     libzmq asks of a socket used from more than one thread (zmq(7)).
 

@@ -2,13 +2,13 @@
 
 Runs on: the main thread, inside the user trio run (userrun.py). Nothing
 here touches a socket: output goes through the IOPub queue (outstream.py),
-input through the stdin bridge (stdinbridge.py), replies back to the io run
+input through the stdin bridge (server/stdin.py), replies back to the io run
 as a job's result.
 
 :func:`set_up` builds the user side once, inside the user run: the IOPub
 sender for display, errors and comms, ``comm``, the IPython shell, the user
 nursery, the ``%trikernel`` magic and the output streams.
-:class:`ShellJobs` then runs one request at a time (or, for comm messages,
+:class:`Interpreter` then runs one request at a time (or, for comm messages,
 concurrently), each inside ``ParentTracker.running(msg)``: the request is
 the ``current_request`` context variable, so everything the job prints or
 displays is parented to it (messaging spec "IOPub": ``parent_header``), and
@@ -203,7 +203,7 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> Interpreter:
     if isinstance(save_thread, threading.Thread):
         not_traced(save_thread)  # the debugger never stops it (debugger.py)
     comms.set_shell(shell)
-    # get_ipython().kernel: what ipywidgets and friends use (shellkernel.py)
+    # get_ipython().kernel: what ipywidgets and friends use (user/kernelhandle.py)
     shell.kernel = KernelHandle(deps.parents, comm_manager=comm_manager, shell=shell, session=deps.builder.session_id)
 
     un = UserNursery(nursery, shell.showtraceback)

@@ -4,7 +4,7 @@ Main thread: magics run inside the user trio run, in the cell that calls
 them. docs/magics.md lists every kernel-specific magic and what trikernel
 does with it.
 
-- ``%trikernel``: the IOPub statistics (iopub.IOPubStats and the queue's
+- ``%trikernel``: the IOPub statistics (server/iopubqueue.py IOPubStats and the queue's
   state: messages sent, waits on full subscribers, fallback drops,
   coalescing, messages dropped at shutdown) and ``malformed_dropped``: bad
   input from peers dropped or refused since start-up (badinput.py), with

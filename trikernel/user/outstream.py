@@ -5,7 +5,7 @@ Parent routing: the parent header is that of ``current_request``, the
 context variable set for every request's code (trio tasks a cell starts
 inherit it; threads and executor work too, threadparent.py), else that of
 the latest execute request. Text goes into the IOPub queue's
-coalescing batches (iopub.py); writing never blocks unless the queue is
+coalescing batches (server/iopubqueue.py); writing never blocks unless the queue is
 full (backpressure).
 
 Runs on: any thread but the io thread (``OutStream.write``,

@@ -1,6 +1,6 @@
 """IPython integration: execute, complete, inspect, is_complete, history.
 
-Runs only on the main thread, inside the user trio run (userrun.py; job bodies in jobs.py).
+Runs only on the main thread, inside the user trio run (userrun.py; job bodies in user/interpreter.py).
 Display goes out as IOPub display_data / update_display_data /
 clear_output / execute_result / error (messaging spec "IOPub"); ``?`` and
 ``%page`` become ``page`` payloads; ``exit`` becomes an ``ask_exit``
@@ -217,7 +217,7 @@ class TrikernelShell(InteractiveShell):
     #: the ``error`` content of a failure to format this cell's result (see
     #: TrikernelDisplayHook); per shell lane (lanestate.py)
     _formatting_error = lanestate.PerLane(lambda shell: None)
-    #: what ``get_ipython().kernel`` offers user code (shellkernel.py)
+    #: what ``get_ipython().kernel`` offers user code (user/kernelhandle.py)
     kernel: KernelHandle | None = None
 
     def _payloads(self) -> Any:

@@ -4,7 +4,7 @@ Threads: a subshell is a thread named ``trikernel-subshell-<id>`` running
 its own trio run (:class:`SubshellRun`, a :class:`~trikernel.userrun.UserRun`
 off the main thread), so top-level ``await`` works in its cells and they run
 while the main shell is busy. The io run serves it like the main shell: its
-shell lane (dispatch.py ``ShellLane``) hands its requests, one at a time, to
+sequential lane (core/lanes.py ``SequentialLane``) hands its requests, one at a time, to
 its run through the same ``Job`` hand-off; comm messages sent over it run as
 tasks of its run. All subshells share the one IPython shell, the user
 namespace, the IOPub queue and the stdin bridge; what a running cell owns is

@@ -48,7 +48,7 @@ class UserNursery:
         """Hold the user tasks' nursery open; reopen it after a user cancels it.
 
         Runs for the kernel's life in the user run, started with
-        ``nursery.start`` before the first job (jobs.set_up): ``started()``
+        ``nursery.start`` before the first job (interpreter.set_up): ``started()``
         comes once the tasks' own nursery is open, so no cell's task lands
         in the run's nursery instead (seen when an execute_request came
         while IPython loaded: the first cell's task was not among

@@ -7,7 +7,7 @@ of that GUI's event loop (guestrun.py; the same run, moved);
 everything else here runs inside that run, except the methods marked
 *thread-safe*, which the io run calls.
 
-Two lanes come in from the io run (dispatch.py):
+Two lanes come in from the io run (core/kernelcore.py):
 
 - *sequential* jobs (execute, complete, inspect, is_complete, history): the
   run's main task takes one at a time and awaits it right there, so
