@@ -21,6 +21,7 @@ Environment variables read: ``TRIKERNEL_LOG_LEVEL`` (default for
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -42,7 +43,6 @@ from trikernel.protocol.channels import PORT_FIELDS
 from trikernel.protocol.connection import load_json_file, parse_connection, write_json_atomic
 
 if TYPE_CHECKING:
-    import argparse
     from collections.abc import Sequence
 
     from trikernel.launch.config import KernelConfig
@@ -50,11 +50,32 @@ if TYPE_CHECKING:
 log = logging.getLogger("trikernel.cli")
 
 
+#: What ``python -m trikernel --help`` lists besides running a kernel.
+SUBCOMMANDS = """
+  python -m trikernel install [--user|--sys-prefix|--prefix P] [--name N] ...
+      write a kernelspec for this interpreter (install --help)
+  python -m trikernel gateway-launch --kernel-id ID --response-address IP:PORT ...
+      the kernel side of gateway_provisioners / Enterprise Gateway (gateway-launch --help)
+"""
+
+
+def docs_dir() -> str:
+    """Where the docs installed with trikernel are: ``trikernel/_docs`` in the
+    wheel (README.md and docs/*.md), else the source tree's ``docs/``."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    installed = os.path.join(here, "_docs")
+    if os.path.isdir(installed):
+        return installed
+    return os.path.join(os.path.dirname(here), "docs")
+
+
 def _run_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="python -m trikernel",
-        description="trikernel: a Jupyter kernel for Python on trio.",
-        epilog="Install a kernelspec: python -m trikernel install --help. Docs: README.md and docs/.",
+        description="trikernel: a Jupyter kernel for Python on trio. Started by a Jupyter client "
+        "with -f CONNECTION_FILE; the other commands are below.",
+        epilog=f"commands:{SUBCOMMANDS}\ndocs (installed with trikernel): {docs_dir()}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"trikernel {__version__}")
     p.add_argument(
@@ -140,6 +161,14 @@ def _install(argv: list[str]) -> int:
         where = f"--prefix {prefix}" if prefix else ("--user" if args.user else "the system kernelspec folder")
         return fail(f"cannot install into {where}: {exc.strerror or exc}", EXIT_RUNTIME)
     print(f"Installed kernelspec {name} in {dest}")
+    print(f"  it runs {sys.executable}: a Jupyter server in another environment can use it as it is")
+    if args.handshake:
+        print(
+            "  --handshake: the spec names the 'trikernel-handshake' provisioner, which jupyter_client "
+            "finds only where trikernel is installed: a server in another environment skips this spec "
+            "(its log says 'referencing a kernel provisioner ... that is not available') unless it "
+            "runs `pip install trikernel` there too; without --handshake the spec works everywhere"
+        )
     return 0
 
 
