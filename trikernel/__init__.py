@@ -16,6 +16,3 @@ __all__ = ["__version__", "nursery"]
 
 #: The user nursery (set by the kernel at start-up; None outside a kernel).
 nursery: Any = None
-#: The ``sys.path`` entry ``python -m trikernel`` set aside (the working
-#: directory), given back to user code by ``user.interpreter.set_up``; None if none.
-_user_path_entry: str | None = None

@@ -38,6 +38,7 @@ from trikernel.launch.options import (
     fail,
     is_loopback,
     kernel_config,
+    level_name,
 )
 from trikernel.protocol.channels import PORT_FIELDS
 from trikernel.protocol.connection import load_json_file, parse_connection, write_json_atomic
@@ -70,12 +71,16 @@ def docs_dir() -> str:
 
 
 def _run_parser() -> argparse.ArgumentParser:
+    # allow_abbrev off: ipykernel's --iopub, --shell, --control must never
+    # be taken for a prefix of trikernel's --iopub-capacity and the like
     p = OneLineParser(
         prog="python -m trikernel",
         description="trikernel: a Jupyter kernel for Python on trio. Started by a Jupyter client "
-        "with -f CONNECTION_FILE; the other commands are below.",
+        "with -f CONNECTION_FILE; IPython's options (--Class.trait=value, --profile, --profile-dir, "
+        "--matplotlib, -c, ...) are taken as ipykernel takes them. The other commands are below.",
         epilog=f"commands:{SUBCOMMANDS}\ndocs (installed with trikernel): {docs_dir()}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     p.add_argument("--version", action="version", version=f"trikernel {__version__}")
     p.add_argument(
@@ -172,10 +177,50 @@ def _install(argv: list[str]) -> int:
     return 0
 
 
-def _parse_run_args(argv: list[str]) -> tuple[argparse.Namespace, KernelConfig]:
-    """Parse argv and the environment; raises ConfigError naming the field."""
-    args = _run_parser().parse_args(argv)
-    return args, kernel_config(args)
+def _parse_run_args(argv: list[str]) -> tuple[argparse.Namespace, KernelConfig, tuple[str, ...]]:
+    """Parse argv and the environment: trikernel's options, then the rest as
+    IPython's options the way ipykernel takes them (stage 1, before bind:
+    user/ipyoptions.py; they are read again in the user run). ``--debug``,
+    ``--quiet`` and ``--Application.log_level`` set the kernel's log level
+    when ``--log-level`` is not given.
+
+    Returns:
+        The namespace, the KernelConfig and the IPython arguments, in order.
+
+    Raises:
+        ConfigError: naming the field (an option neither trikernel's nor IPython's too).
+    """
+    args, rest = _run_parser().parse_known_args(_route_config(argv))
+    if rest:
+        from trikernel.user import ipyoptions  # traitlets, only for a command line that has IPython options
+
+        level = ipyoptions.log_level_of(ipyoptions.check(rest))
+        if level is not None and args.log_level is None:
+            args.log_level = level_name(level)
+    return args, kernel_config(args), tuple(rest)
+
+
+def _route_config(argv: list[str]) -> list[str]:
+    """``--config FILE`` is trikernel's socket-option file for a ``.toml``
+    FILE; any other FILE is IPython's (``BaseIPythonApplication.extra_config_file``,
+    as ipykernel takes it)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        value = None
+        if arg == "--config" and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 1
+        elif arg.startswith("--config="):
+            value = arg.partition("=")[2]
+        if value is None:
+            out.append(arg)
+        elif value.endswith(".toml"):
+            out += ["--config", value]
+        else:
+            out.append(f"--BaseIPythonApplication.extra_config_file={value}")
+        i += 1
+    return out
 
 
 def _run(argv: list[str]) -> int:
@@ -189,7 +234,7 @@ def _run(argv: list[str]) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
     try:
-        args, config = _parse_run_args(argv)
+        args, config, ipython_argv = _parse_run_args(argv)
     except ConfigError as exc:
         return fail(str(exc))
     configure_logging(args.log_level)
@@ -265,4 +310,5 @@ def _run(argv: list[str]) -> int:
         connection_file=connection_file,
         strict=strict,
         message_log=message_log,
+        ipython_argv=ipython_argv,
     ).run()

@@ -34,6 +34,8 @@ from trikernel.core.badinput import BadInputLog
 from trikernel.core.kernelcore import CoreDeps, KernelCore
 from trikernel.debug.debugger import Debugger, DebuggerDeps
 from trikernel.debug.debugger import available as debugger_available
+from trikernel.errors import ConfigError
+from trikernel.launch.options import EXIT_RUNTIME, fail
 from trikernel.protocol.messages import MessageBuilder, kernel_info_content
 from trikernel.protocol.wire import Signer
 from trikernel.server.heartbeat import Heartbeat
@@ -77,6 +79,9 @@ class Kernel:
     attach with, or None (``%connect_info`` shows it). ``strict``: the
     ``--strict`` check (strict.py), ``message_log``: the ``--message-log``
     writer (messagelog.py), each None when off; both built by cli.py.
+    ``ipython_argv``: the IPython options of the command line, checked by
+    cli.py before bind (user/ipyoptions.py), read again in the user run
+    (user/kernelapp.py).
     """
 
     def __init__(
@@ -90,6 +95,7 @@ class Kernel:
         connection_file: str | None = None,
         strict: StrictCheck | None = None,
         message_log: MessageLog | None = None,
+        ipython_argv: tuple[str, ...] = (),
     ):
         self.conn = conn
         self.config = config
@@ -170,8 +176,10 @@ class Kernel:
             connection=conn,
             connection_file=connection_file,
             message_log=message_log,
+            ipython_argv=ipython_argv,
         )
         self._interp: Interpreter | None = None
+        self._start_up_failed = False
 
     def iopub_counters(self) -> dict[str, Any]:
         """The IOPub counters ``%trikernel`` shows (any thread)."""
@@ -219,10 +227,16 @@ class Kernel:
             return 1
         try:
             self.user_run.run(self._set_up_user_side, self._user_side_ready)
-        except BaseException:
-            log.exception("the user run failed")
-            self.exit_code = 1
-            raise
+        except BaseException as exc:
+            error = _config_error(exc)
+            if error is None:
+                log.exception("the user run failed")
+                self.exit_code = 1
+                raise
+            # IPython's config refused (a bad value, a missing profile): one
+            # line, exit code 1, as ipykernel's "Bad config encountered"
+            self._start_up_failed = True
+            self.exit_code = fail(str(error), EXIT_RUNTIME)
         finally:
             self._finish()
         return self.exit_code
@@ -248,7 +262,8 @@ class Kernel:
         if not self.user_run.stopping:
             # the user run ended without a shutdown request: shut down
             # cleanly rather than serve requests nobody can run
-            log.error("the user run ended unexpectedly; shutting the kernel down")
+            if not self._start_up_failed:
+                log.error("the user run ended unexpectedly; shutting the kernel down")
             self.exit_code = self.exit_code or 1
             self.request_shutdown()
         if not self.io.join(self.config.shutdown_grace + FLUSH_TIMEOUT + 2):
@@ -275,3 +290,13 @@ class Kernel:
         self.bound.close()
         self.bound.context.term()
         self.bound.hb_context.term()
+
+
+def _config_error(exc: BaseException) -> ConfigError | None:
+    """The ConfigError ``exc`` is, or is the only error of (trio groups what a
+    nursery raised); None for anything else."""
+    if isinstance(exc, ConfigError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _config_error(exc.exceptions[0])
+    return None

@@ -39,11 +39,27 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def log_level(text: str) -> str:
-    """A log level name, case-insensitive. Raises ArgumentTypeError."""
+    """A log level name of LOG_LEVELS, case-insensitive; also what IPython's
+    ``--log-level`` takes (ipykernel kernelspecs carry it): ``CRITICAL`` or a
+    ``logging`` number (:func:`level_name`). Raises ArgumentTypeError."""
     level = text.strip().upper()
-    if level not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)} (any case), got {text!r}")
-    return level
+    if level in LOG_LEVELS:
+        return level
+    if level == "CRITICAL":
+        return level_name(logging.CRITICAL)
+    if level.isdigit():
+        return level_name(int(level))
+    raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)} (any case), got {text!r}")
+
+
+def level_name(level: int) -> str:
+    """The LOG_LEVELS name for a ``logging`` level number: the quietest that
+    still shows everything ``level`` shows (10 → DEBUG, 15 → DEBUG, 20 →
+    INFO, 50 → ERROR)."""
+    for name in reversed(LOG_LEVELS):
+        if getattr(logging, name) <= level:
+            return name
+    return LOG_LEVELS[0]
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:

@@ -19,14 +19,13 @@ before the reply (fdcapture.py).
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from trikernel.errors import InputNotDelivered
+from trikernel.errors import ConfigError, InputNotDelivered
 from trikernel.threads import not_traced
 from trikernel.user import lanestate, outstream, threadparent
 
@@ -162,6 +161,8 @@ class UserSideDeps:
     - ``fd_backlog_bytes``: bytes per captured fd held for the notebook
       before more is dropped, counted and shown (KernelConfig).
     - ``message_log``: what ``%trikernel log`` shows (``--message-log``), or None.
+    - ``ipython_argv``: the IPython options of the command line (checked
+      before bind, user/ipyoptions.py), for the ``IPKernelApp`` (kernelapp.py).
     """
 
     builder: MessageBuilder
@@ -174,29 +175,43 @@ class UserSideDeps:
     connection_file: str | None = None
     fd_backlog_bytes: int = 64 << 20
     message_log: MessageLogView | None = None
+    ipython_argv: tuple[str, ...] = ()
 
 
 def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> Interpreter:
-    """Build the user side, inside the user run (main thread): IPython,
-    ``comm``, the user nursery, the magics, the output streams.
+    """Build the user side, inside the user run (main thread): IPython's
+    configuration (kernelapp.py), the shell, ``comm``, the user nursery, the
+    magics, the output streams; then IPython's start-up code (profile
+    startup files, ``exec_lines``, extensions, ``--matplotlib``).
 
     Slow (IPython imports): the io run answers ``kernel_info`` meanwhile.
     The user nursery's host is not started here: the caller awaits
     ``nursery.start(jobs.user_nursery.host)`` before the first job.
+
+    Raises:
+        ConfigError: a bad IPython config value or profile (raised before
+            the output streams are installed, so the caller's one line
+            reaches the kernel's stderr).
     """
+    from traitlets.traitlets import TraitError
+
     import trikernel
-    from trikernel.user import comms, magics
+    from trikernel.user import comms, kernelapp, magics
     from trikernel.user import shell as shell_mod
     from trikernel.user.kernelhandle import KernelHandle
     from trikernel.user.usernursery import UserNursery
 
     publisher = outstream.Publisher(deps.builder, deps.queue, deps.parents)
     comm_manager = comms.install(publisher)
+    shell_class = shell_mod.TrikernelShell
+    app = kernelapp.create(deps.ipython_argv, deps.connection_file, shell_class)
     # Threads IPython starts (the history saver) inherit this mask: SIGINT
     # must reach the main thread, where user code runs.
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        shell = shell_mod.create_shell(publisher)
+        shell = shell_mod.create_shell(publisher, shell_class, parent=app, profile_dir=app.profile_dir)
+    except TraitError as exc:  # a config value the shell (or its history, formatters) refuses
+        raise ConfigError(f"bad config: {exc}") from None
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
     save_thread = getattr(shell.history_manager, "save_thread", None)
@@ -208,9 +223,6 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> Interpreter:
 
     un = UserNursery(nursery, shell.showtraceback)
     trikernel.nursery = un
-    held = trikernel._user_path_entry
-    if held is not None and held not in sys.path:
-        sys.path.insert(0, held)  # user code imports from the notebook's folder (__main__.py)
     for name, value in (("nursery", un), ("trio", trio)):
         shell.user_ns[name] = value
         shell.user_ns_hidden[name] = value
@@ -219,6 +231,9 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> Interpreter:
     magics.register_kernel_magics(shell, magics.ConnectionFile(info, deps.connection_file) if info else None)
     threadparent.install()  # threads and executor work keep the request that started them
     outstream.install(deps.queue, deps.parents, capture_fds=deps.capture_fds, fd_backlog=deps.fd_backlog_bytes)
+    # '' on sys.path (imports follow %cd), --matplotlib/--gui, extensions,
+    # startup files, exec_lines, -c: as ipykernel, once the streams are in place
+    app.start_shell(shell)
     return Interpreter(shell, comm_manager, deps.parents, deps.stdin, un)
 
 

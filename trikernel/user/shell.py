@@ -369,12 +369,15 @@ class TrikernelShell(InteractiveShell):
 InteractiveShellABC.register(TrikernelShell)
 
 
-def create_shell(publisher: Publisher) -> TrikernelShell:
-    """Create the process's one :class:`TrikernelShell` (``TrikernelShell.instance``) publishing
+def create_shell(publisher: Publisher, cls: type[TrikernelShell] = TrikernelShell, **traits: Any) -> TrikernelShell:
+    """Create the process's one shell (``cls.instance``, a :class:`TrikernelShell`) publishing
     through ``publisher``: display publisher and display hook wired to it, ``autoawait`` on,
     the AST rewrite of ``await`` under ``%time`` / ``%timeit`` / ``%%capture``, and IPython's
-    ProvisionalCompleterWarning ignored process-wide. Main thread, once, inside the user run."""
-    shell = TrikernelShell.instance(publisher=publisher)
+    ProvisionalCompleterWarning ignored process-wide. ``traits``: more constructor arguments
+    (``parent``: the traitlets app whose config the shell takes, ``profile_dir``). Main
+    thread, once, inside the user run. Raises traitlets' TraitError for a config value the
+    shell's traits refuse."""
+    shell = cls.instance(publisher=publisher, **traits)
     shell.displayhook.publisher = publisher
     shell.display_pub.publisher = publisher
     shell.autoawait = True
