@@ -12,9 +12,10 @@ file) load, and the command line wins. The shell is then created with the
 app as its traitlets parent (user/interpreter.py ``set_up``), so
 ``c.InteractiveShell.*``, ``c.HistoryManager.*``, ``c.InlineBackend.*``,
 ``c.ZMQInteractiveShell.*`` reach it. :meth:`IPKernelApp.start_shell` runs
-InteractiveShellApp's start-up on it in ipykernel's order: ``init_path``,
-``init_gui_pylab``, ``init_extensions``, ``init_code`` (startup files,
-``exec_lines``, ``exec_files``, ``code_to_run``, ``module_to_run``).
+InteractiveShellApp's start-up on it in ipykernel's order: ``init_pdb``,
+``init_path``, ``init_gui_pylab``, ``init_extensions``, ``init_code``
+(startup files, ``exec_lines``, ``exec_files``, ``code_to_run``,
+``module_to_run``).
 
 The class is named ``IPKernelApp`` on purpose: traitlets applies config
 sections by class name along the MRO, so ``c.IPKernelApp.exec_lines`` in a
@@ -109,7 +110,7 @@ class IPKernelApp(BaseIPythonApplication, InteractiveShellApp):
 
     def start_shell(self, shell: TrikernelShell) -> None:
         """InteractiveShellApp's start-up on ``shell``, in ipykernel's order
-        (ipykernel/kernelapp.py ``initialize``): ``init_path``
+        (ipykernel/kernelapp.py ``initialize``): :func:`init_pdb`, ``init_path``
         (``''`` before the first site-packages entry, unless ``--ignore-cwd``
         or ``python -P``), ``init_gui_pylab`` (a failure goes to the kernel's
         stderr, as in ipykernel), ``init_extensions``, ``init_code``. Output
@@ -118,6 +119,7 @@ class IPKernelApp(BaseIPythonApplication, InteractiveShellApp):
         """
         self.shell = shell
         shell.configurables.append(self)  # type: ignore[arg-type]  # typed by its first item, the shell
+        init_pdb()
         self.init_path()
         self._init_gui_pylab_to_stderr(shell)
         self.init_extensions()
@@ -157,3 +159,19 @@ def create(argv: Sequence[str], connection_file: str | None, shell_class: type[A
     app.connection_file = connection_file or ""
     app.config.IPKernelApp.connection_file = app.connection_file
     return app
+
+
+def init_pdb() -> None:
+    """ipykernel's ``IPKernelApp.init_pdb``: ``pdb.set_trace()`` and
+    ``breakpoint()`` use IPython's ``InterruptiblePdb``, whose command loop
+    ends the cell on an interrupt (stdlib pdb prints ``--KeyboardInterrupt--``
+    and prompts again, so the interrupt button never ended the cell). Main
+    thread, at start-up."""
+    import pdb
+
+    from IPython.core import debugger
+
+    if hasattr(debugger, "InterruptiblePdb"):
+        debugger.Pdb = debugger.InterruptiblePdb  # type: ignore[misc]
+        pdb.Pdb = debugger.Pdb  # type: ignore[misc,assignment]
+        pdb.set_trace = debugger.set_trace
