@@ -72,6 +72,8 @@ class CoreDeps:
     - ``debug``: ``debug(request, parent)`` → the DAP response of a
       ``debug_request`` (debug/debugger.py), or None: every debug request
       then gets a DAP error response.
+    - ``on_control``: told every message read on control, before it is
+      routed (``get_ipython().kernel.get_parent("control")``), or None.
     """
 
     builder: MessageBuilder
@@ -82,6 +84,7 @@ class CoreDeps:
     bad_input: BadInputLog
     subshells: SubshellRuns | None = None
     debug: Callable[[dict[str, Any], dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
+    on_control: Callable[[Message], None] | None = None
 
 
 class KernelCore:
@@ -198,6 +201,8 @@ class KernelCore:
         which are answered right here in arrival order.
         """
         assert self._nursery is not None
+        if channel == "control" and self._d.on_control is not None:
+            self._d.on_control(msg)
         route = REFUSED if isinstance(msg, Refused) else route_of(channel, msg.msg_type)
         if route.lane is Lane.IO:
             await self.bracket(channel, msg, route.handler)

@@ -147,6 +147,7 @@ class Kernel:
                 bad_input=self.bad_input,
                 subshells=self.subshells,
                 debug=self._debug,
+                on_control=self.parents.control_seen,
             )
         )
         self.requests.attach(self.core)

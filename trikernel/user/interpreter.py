@@ -180,9 +180,10 @@ class UserSideDeps:
 
 def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> Interpreter:
     """Build the user side, inside the user run (main thread): IPython's
-    configuration (kernelapp.py), the shell, ``comm``, the user nursery, the
-    magics, the output streams; then IPython's start-up code (profile
-    startup files, ``exec_lines``, extensions, ``--matplotlib``).
+    configuration (kernelapp.py), the shell (zmqshell.py), ``comm``,
+    ``get_ipython().kernel``, the ipykernel facade (facade.py), the user
+    nursery, the magics, the output streams; then IPython's start-up code
+    (profile startup files, ``exec_lines``, extensions, ``--matplotlib``).
 
     Slow (IPython imports): the io run answers ``kernel_info`` meanwhile.
     The user nursery's host is not started here: the caller awaits
@@ -196,14 +197,16 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> Interpreter:
     from traitlets.traitlets import TraitError
 
     import trikernel
-    from trikernel.user import comms, kernelapp, magics
+    from trikernel.user import comms, facade, kernelapp, magics
     from trikernel.user import shell as shell_mod
     from trikernel.user.kernelhandle import KernelHandle
     from trikernel.user.usernursery import UserNursery
+    from trikernel.user.zmqshell import ZMQInteractiveShell
 
     publisher = outstream.Publisher(deps.builder, deps.queue, deps.parents)
     comm_manager = comms.install(publisher)
-    shell_class = shell_mod.TrikernelShell
+    # under ipykernel's name: libraries tell a notebook kernel by it (user/zmqshell.py)
+    shell_class = ZMQInteractiveShell
     app = kernelapp.create(deps.ipython_argv, deps.connection_file, shell_class)
     # Threads IPython starts (the history saver) inherit this mask: SIGINT
     # must reach the main thread, where user code runs.
@@ -219,7 +222,8 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> Interpreter:
         not_traced(save_thread)  # the debugger never stops it (debugger.py)
     comms.set_shell(shell)
     # get_ipython().kernel: what ipywidgets and friends use (user/kernelhandle.py)
-    shell.kernel = KernelHandle(deps.parents, comm_manager=comm_manager, shell=shell, session=deps.builder.session_id)
+    shell.kernel = KernelHandle(deps.parents, publisher, comm_manager=comm_manager, shell=shell)
+    facade.install()  # import ipykernel gives trikernel's answers in this process (user/ipykernel_facade)
 
     un = UserNursery(nursery, shell.showtraceback)
     trikernel.nursery = un

@@ -104,6 +104,21 @@ class IPKernelApp(BaseIPythonApplication, InteractiveShellApp):
         """
         raise ConfigError(f"IPython's start-up failed (exit status {exit_status}); its reason is logged above")
 
+    @classmethod
+    def launch_instance(cls, argv: Any = None, **kwargs: Any) -> None:
+        """traitlets' "start this application": refused, this process already
+        is a kernel (the facade's ``ipykernel.kernelapp`` leads here).
+
+        Raises:
+            RuntimeError: always.
+        """
+        raise RuntimeError("trikernel: this process is already a kernel; ipykernel's launcher is not started")
+
+    @property
+    def kernel(self) -> Any:
+        """ipykernel's ``IPKernelApp.kernel``: ``get_ipython().kernel`` (None before the shell exists)."""
+        return getattr(self.shell, "kernel", None)
+
     def init_shell(self) -> None:
         """InteractiveShellApp's hook to create the shell: trikernel creates it
         (``set_up``) and hands it to :meth:`start_shell`."""

@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +71,24 @@ class ParentTracker:
 
     def __init__(self) -> None:
         self.latest_request: Message | None = None
+        #: the latest request read on control (``get_ipython().kernel.get_parent("control")``)
+        self.latest_control: Message | None = None
+
+    @staticmethod
+    def set_current(msg: Message) -> Token[Message | None]:
+        """Make ``msg`` the request of this context (thread, trio task) from now
+        on: ipykernel's ``set_parent``. Returns the token :meth:`reset_current`
+        takes. Any thread."""
+        return current_request.set(msg)
+
+    @staticmethod
+    def reset_current(token: Token[Message | None]) -> None:
+        """Undo the :meth:`set_current` that returned ``token`` (same context)."""
+        current_request.reset(token)
+
+    def control_seen(self, msg: Message) -> None:
+        """The core read ``msg`` on control (io run; one attribute store)."""
+        self.latest_control = msg
 
     @property
     def latest(self) -> dict[str, Any]:
@@ -241,21 +259,34 @@ class Publisher:
         metadata: dict[str, Any] | None = None,
         buffers: tuple[bytes, ...] = (),
     ) -> None:
-        """Queue one message (blocks while the IOPub queue is full).
+        """Queue one message parented to the request of this context (blocks
+        while the IOPub queue is full; see :meth:`send_message`)."""
+        if self._dropped(msg_type):
+            return
+        msg = self.builder.iopub(msg_type, content, self.parents.get(), metadata=metadata or {}, buffers=buffers)
+        self.queue.put_from_thread(msg)
 
-        In a forked child nothing drains this queue: the message is reported
-        on the kernel's stderr and dropped instead of blocking the child.
-        """
+    def send_message(self, msg: Message) -> bool:
+        """Queue ``msg``, an IOPub message built by the caller (its own header
+        and parent: ``get_ipython().kernel.session.send``). Blocks while the
+        IOPub queue is full. Returns False when it was dropped: in a forked
+        child nothing drains this queue (the message is reported on the
+        kernel's stderr instead of blocking the child); output of a silent
+        request is not broadcast (counted). Any thread but the io thread."""
+        if self._dropped(msg.msg_type):
+            return False
+        return self.queue.put_from_thread(msg)
+
+    def _dropped(self, msg_type: str) -> bool:
         if _ForkState.forked:
             # the kernel's log: its handler writes to the saved real stderr
             # (the terminal); sys.__stderr__ is fd 2, captured into the notebook
             log.warning("%s from forked process %d cannot reach the notebook; dropped", msg_type, os.getpid())
-            return
+            return True
         if msg_type in OUTPUT_TYPES and self.parents.silent():
             self.queue.stats.silenced += 1
-            return
-        msg = self.builder.iopub(msg_type, content, self.parents.get(), metadata=metadata or {}, buffers=buffers)
-        self.queue.put_from_thread(msg)
+            return True
+        return False
 
 
 def install(

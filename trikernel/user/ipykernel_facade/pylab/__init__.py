@@ -1,0 +1,4 @@
+"""``ipykernel.pylab``: the deprecated home of the inline backend.
+
+Runs on: the main thread at import.
+"""
