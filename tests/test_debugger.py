@@ -271,17 +271,20 @@ def test_kernelspec_without_debugpy() -> None:
 
 
 def test_before_start_nothing_imported_or_traced(fresh: Debug) -> None:
-    """No debugpy import, no trace function, IPython's cell names, until the
-    debugger is first turned on; then cells take the murmur2 names."""
+    """No debugpy import, no trace function until the debugger is first
+    turned on; cells have their murmur2 names (dumpCell's) from the first
+    one on, as under ipykernel (before, IPython's names until the start)."""
     probe = (
         "import sys\n_state = ('debugpy' in sys.modules, sys.gettrace() is None, sys._getframe().f_code.co_filename)"
     )
     assert fresh.run(probe)["status"] == "ok"
-    assert fresh.run("print(_state[:2], _state[2].startswith('<ipython-input-'))")["status"] == "ok"
+    assert fresh.run("print(_state[:2], _state[2])")["status"] == "ok"
     out = [m for m in fresh.iopub if m["msg_type"] == "stream"]
-    assert out[-1]["content"]["text"].strip() == "(False, True) True"
+    before = out[-1]["content"]["text"].strip()
     fresh.start()
     path = fresh.ok("dumpCell", {"code": probe})["body"]["sourcePath"]
+    assert before == f"(False, True) {path}"
+    assert "/ipykernel_" in path
     assert fresh.run(probe)["status"] == "ok"
     assert fresh.run(f"assert _state[:2] == (True, False), _state\nassert _state[2] == {path!r}")["status"] == "ok"
     fresh.kc.kernel_info()

@@ -1,15 +1,19 @@
 """Tier 3: the conventions frontends and tools rely on under ipykernel (issue 25).
 
 Each test drives a real kernel through jupyter_client: an interrupt at a
-``pdb.set_trace()`` prompt ends the debugger.
+``pdb.set_trace()`` prompt ends the debugger; cells are named as ipykernel
+names them.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from conftest import TIMEOUT, execute, start_kernel, stop_kernel
+from conftest import TIMEOUT, execute, start_kernel, stdout_of, stop_kernel
+
+from trikernel.user.cellnames import HASH_SEED, murmur2
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -53,3 +57,38 @@ def test_an_interrupt_at_a_pdb_prompt_ends_the_cell(own_kernel: tuple[Any, Any],
     r, out = execute(kc, "1 + 1")
     assert r["content"]["status"] == "ok"
     assert [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"] == ["2"]
+
+
+CELL = "import os, sys\nprint(os.getpid(), sys._getframe().f_code.co_filename)"
+
+
+def test_cells_are_named_as_ipykernel_names_them(own_kernel: tuple[Any, Any]) -> None:
+    """``<tmp>/ipykernel_<pid>/<murmur2>.py`` from the first cell on: JupyterLab
+    (4.5+) shows a breakpoint or frame in such a file as ``Cell [n]``, only
+    for paths containing ``ipykernel_``; debugInfo announces the same
+    prefix. Before: ``<ipython-input-1-…>`` until the debugger started, then
+    ``trikernel_<pid>``."""
+    _km, kc = own_kernel
+    r, out = execute(kc, CELL)
+    assert r["content"]["status"] == "ok"
+    pid, name = stdout_of(out).split()
+    import tempfile
+
+    assert name == os.path.join(tempfile.gettempdir(), f"ipykernel_{pid}", f"{murmur2(CELL, HASH_SEED)}.py")
+    msg = kc.session.msg("debug_request", {"type": "request", "seq": 1, "command": "debugInfo", "arguments": {}})
+    kc.control_channel.send(msg)
+    reply = kc.get_control_msg(timeout=TIMEOUT)
+    assert reply["content"]["body"]["tmpFilePrefix"] == os.path.dirname(name) + os.sep
+
+
+def test_ipykernel_cell_name_wins(jupyter_path: str) -> None:
+    """``$IPYKERNEL_CELL_NAME``, read at every compile, is the cell's file
+    name (nbclient's tests set ``<IPY-INPUT>``; their expected tracebacks
+    have the three context lines IPython gives such names)."""
+    km, kc = start_kernel("trikernel-test-signal", env={**os.environ, "IPYKERNEL_CELL_NAME": "<IPY-INPUT>"})
+    try:
+        r, out = execute(kc, CELL)
+        assert r["content"]["status"] == "ok"
+        assert stdout_of(out).split()[1] == "<IPY-INPUT>"
+    finally:
+        stop_kernel(km, kc)

@@ -54,10 +54,10 @@ pytestmark = pytest.mark.timeout(120)
 STR_FAILED = "<exception str() failed>"
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 #: A line that introduces a frame: IPython's ("Cell In[3], line 1", "File /x.py:3, in f")
-#: or the standard library's ('  File "<ipython-input-3-...>", line 1, in <module>'), maybe inside a group's "| ".
+#: or the standard library's ('  File "/tmp/ipykernel_7/123.py", line 1, in <module>'), maybe inside a group's "| ".
 FRAME_RE = re.compile(r"^[\s|]*(Cell In\[\d+\]|File )")
-#: A frame of the user's own code: a cell.
-USER_FRAME_RE = re.compile(r"^[\s|]*(Cell In\[\d+\]|File \"<ipython-input-\d+-)")
+#: A frame of the user's own code: a cell (named as ipykernel names cells, user/cellnames.py).
+USER_FRAME_RE = re.compile(r"^[\s|]*(Cell In\[\d+\]|File \"[^\"]*/ipykernel_\d+/\d+\.py\")")
 
 #: Failing cells are sent without stop_on_error: these tests are about what the
 #: failure looks like, and the next request must run whenever it arrives.

@@ -18,12 +18,11 @@ Which run or thread each part runs on:
   stops on the main thread. It runs as a task of the user nursery
   (``UserRun.start_task_soon``): while a cell computes, control keeps
   answering and ``initialize`` is answered when the cell yields or ends.
-- :func:`available`: any thread. Once debugpy has started, the shell's
-  compiler (shell.py ``CellCompiler``) names every cell
-  ``cellnames.cell_path(code)`` (user/cellnames.py),
-  the file name JupyterLab computes for the cell (``tmpFilePrefix +
-  murmur2(code, hashSeed) + tmpFileSuffix``), so breakpoints set in the
-  notebook match.
+- :func:`available`: any thread. The shell's compiler (shell.py
+  ``CellCompiler``) names every cell ``cellnames.cell_path(code)``
+  (user/cellnames.py), the file name JupyterLab computes for the cell
+  (``tmpFilePrefix + murmur2(code, hashSeed) + tmpFileSuffix``), so
+  breakpoints set in the notebook match.
 
 Nothing here imports debugpy at import time: a kernel that never turns the
 debugger on never imports it and never traces.
@@ -146,7 +145,6 @@ def _start_debugpy(shell: InteractiveShell, rearm: Callable[[], None]) -> Endpoi
 
     debugpy.configure(subProcess=False)
     host, port = debugpy.listen(("127.0.0.1", 0))
-    cellnames.naming_cells = True
     _keep_leading_lines(shell, True)
     shell.events.register("pre_execute", rearm)
     return Endpoint(str(host), int(port))

@@ -1,15 +1,20 @@
-"""The file names cells are compiled under, once the debugger has started.
+"""The file names cells are compiled under, as ipykernel names them.
 
 JupyterLab's debugger finds a cell's breakpoints by a file name it computes
 itself from ``debugInfo`` (messaging spec "Additions to the DAP",
 ``debugInfo``): ``tmpFilePrefix + murmur2(code, hashSeed) +
-tmpFileSuffix``. The shell's compiler (shell.py ``CellCompiler``) names each
-cell that way from the first start of debugpy on (debug/debugger.py sets
-:data:`naming_cells`); before that IPython's own names stay, so a kernel that
-never debugs shows exactly IPython's tracebacks.
+tmpFileSuffix``; from JupyterLab 4.5 it shows a breakpoint or a stack frame
+as ``Cell [n]`` only for paths containing ``ipykernel_``
+(``DebuggerDisplayRegistry``), else the raw path. So, as ipykernel's
+``XCachingCompiler`` does, every cell from the first one on is compiled as
+``<tmp>/ipykernel_<pid>/<murmur2>.py`` (shell.py ``CellCompiler``), and
+``$IPYKERNEL_CELL_NAME``, read at each compile, wins (nbclient's tests set
+it to ``<IPY-INPUT>``, VS Code's Interactive Window per cell). IPython's
+tracebacks still say ``Cell In[n]``; with a path-like name they show five
+context lines, as ipykernel's (three for ``<...>`` names). joblib's cache
+keys strip the ``ipykernel_<pid>`` folder.
 
-Runs on: any thread (pure functions; :data:`naming_cells` is written once,
-on the main thread).
+Runs on: any thread (pure functions of the code, the pid and the environment).
 """
 
 from __future__ import annotations
@@ -20,11 +25,8 @@ import tempfile
 #: The hash seed debugInfo announces (JupyterLab hashes cells with it); ipykernel's.
 HASH_SEED = 0xC70F6907
 
-#: Set (main thread) when debugpy first starts: from then on cells are
-#: compiled under :func:`cell_path` names (shell.py ``CellCompiler``). Before
-#: that IPython's own ``<ipython-input-…>`` names stay, so a kernel that never
-#: debugs shows exactly the tracebacks it showed before.
-naming_cells = False
+#: The environment variable whose value, when set, is every cell's file name (ipykernel's).
+CELL_NAME_ENV = "IPYKERNEL_CELL_NAME"
 
 
 def murmur2(data: str, seed: int) -> int:
@@ -62,11 +64,13 @@ def murmur2(data: str, seed: int) -> int:
 
 
 def cell_dir() -> str:
-    """The directory of this process's cell files: ``<tmp>/trikernel_<pid>``."""
-    return os.path.join(tempfile.gettempdir(), f"trikernel_{os.getpid()}")
+    """The directory of this process's cell files: ``<tmp>/ipykernel_<pid>``
+    (ipykernel's ``get_tmp_directory``; JupyterLab keys on ``ipykernel_``)."""
+    return os.path.join(tempfile.gettempdir(), f"ipykernel_{os.getpid()}")
 
 
 def cell_path(code: str) -> str:
-    """The file name of a cell: ``cell_dir()/<murmur2(code, HASH_SEED)>.py``,
-    what JupyterLab computes from debugInfo's prefix, seed and suffix."""
-    return os.path.join(cell_dir(), f"{murmur2(code, HASH_SEED)}.py")
+    """The file name of a cell: ``$IPYKERNEL_CELL_NAME`` when set, else
+    ``cell_dir()/<murmur2(code, HASH_SEED)>.py``, what JupyterLab computes
+    from debugInfo's prefix, seed and suffix (ipykernel's ``get_file_name``)."""
+    return os.environ.get(CELL_NAME_ENV) or os.path.join(cell_dir(), f"{murmur2(code, HASH_SEED)}.py")

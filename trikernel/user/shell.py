@@ -142,20 +142,16 @@ class TrikernelDisplayHook(DisplayHook):
 
 
 class CellCompiler(CachingCompiler):
-    """IPython's compiler; once the debugger has started, it names each cell
-    by the file JupyterLab's debugger maps it to: ``cellnames.cell_path(raw
-    code)`` (murmur2 of the cell, as ipykernel's ``XCachingCompiler``), so
-    breakpoints set in the notebook are the cell's. IPython's tracebacks
-    still say ``Cell In[n]`` (it maps the name back to the cell number)."""
+    """IPython's compiler naming each cell as ipykernel's ``XCachingCompiler``
+    does: ``cellnames.cell_path(raw code)``, the file JupyterLab's debugger
+    maps the cell to (and shows as ``Cell [n]``). IPython's tracebacks still
+    say ``Cell In[n]`` (it maps the name back to the cell number)."""
 
     def get_code_name(self, raw_code: str, transformed_code: str, number: int) -> str:
-        """``IPython.core.compilerop.CachingCompiler.get_code_name``: once the debugger has
-        started (``cellnames.naming_cells``), the cell's file name is
-        ``cellnames.cell_path(raw_code)``, the path JupyterLab's debugger computes for it
-        (murmur2 of the raw code); before, IPython's ``<ipython-input-N-hash>`` name."""
-        if cellnames.naming_cells:
-            return cellnames.cell_path(raw_code)
-        return str(super().get_code_name(raw_code, transformed_code, number))
+        """``IPython.core.compilerop.CachingCompiler.get_code_name``: the cell's file name is
+        ``cellnames.cell_path(raw_code)`` (``$IPYKERNEL_CELL_NAME``, else murmur2 of the raw
+        code under ``<tmp>/ipykernel_<pid>/``), as under ipykernel, from the first cell on."""
+        return cellnames.cell_path(raw_code)
 
 
 class TrikernelShell(InteractiveShell):
