@@ -92,3 +92,29 @@ def test_ipykernel_cell_name_wins(jupyter_path: str) -> None:
         assert stdout_of(out).split()[1] == "<IPY-INPUT>"
     finally:
         stop_kernel(km, kc)
+
+
+def _process(km: Any) -> Any:
+    return km.provisioner.process
+
+
+@pytest.mark.parametrize("call", ["exit()", "quit()"])
+def test_exit_stops_the_kernel_after_its_reply(own_kernel: tuple[Any, Any], call: str) -> None:
+    """As ipykernel: the reply (with its ``ask_exit`` payload) and idle, then
+    the normal shutdown; the process ends, exit code 0. Before: the payload
+    only, the process still alive 10 s later."""
+    km, kc = own_kernel
+    r, out = execute(kc, call)
+    assert r["content"]["status"] == "ok"
+    assert r["content"]["payload"] == [{"source": "ask_exit", "keepkernel": False}]
+    assert out[-1]["content"]["execution_state"] == "idle"
+    assert _process(km).wait(timeout=2) == 0  # the deadline the issue asks for
+
+
+def test_exit_keep_kernel_keeps_it(own_kernel: tuple[Any, Any]) -> None:
+    km, kc = own_kernel
+    r, _ = execute(kc, "exit(keep_kernel=True)")
+    assert r["content"]["payload"] == [{"source": "ask_exit", "keepkernel": True}]
+    r, _out = execute(kc, "1 + 1")
+    assert r["content"]["status"] == "ok"
+    assert km.is_alive()

@@ -75,14 +75,26 @@ async def execute(core: CoreServices, ctx: RequestContext) -> Reply:
 
     ctx.reply_early(metadata, _succeeded)
     content: dict[str, Any] = await core.run_job(lambda: interp.execute(msg), context=ctx)
+    after = core.request_shutdown if asks_exit(content) else None
     if ctx.replied:
-        return Reply(content)
+        return Reply(content, after=after)
     failed = content.get("status") == "error"
     if failed and flag(msg.content, "stop_on_error", True) and not flag(msg.content, "silent", False):
         lane = core.serving()
         if lane is not None and lane.current is not None and lane.current.msg is msg:
             core.start_abort(lane, lane.current)
-    return Reply(content, metadata(content))
+    return Reply(content, metadata(content), after=after)
+
+
+def asks_exit(content: dict[str, Any]) -> bool:
+    """Whether an ``execute_reply``'s payloads hold ``ask_exit`` without
+    ``keepkernel`` (``exit()``, ``quit()``; messaging spec "Payloads"): the
+    kernel then shuts down after that reply and its idle, as ipykernel stops
+    (``exit(keep_kernel=True)`` keeps it)."""
+    payloads = content.get("payload")
+    return isinstance(payloads, list) and any(
+        isinstance(p, dict) and p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payloads
+    )
 
 
 def user_request(

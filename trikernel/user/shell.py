@@ -203,11 +203,14 @@ class TrikernelShell(InteractiveShell):
 
     def ask_exit(self) -> None:
         """What ``exit`` / ``quit`` call (IPython's ``ZMQExitAutocall``, as ipykernel's
-        ``ZMQInteractiveShell.ask_exit``): sets ``exit_now`` and writes an ``ask_exit``
-        payload (``keepkernel``: :attr:`keepkernel_on_exit`) into the reply; the frontend then
-        decides whether to shut the kernel down (messaging spec "Payloads")."""
-        self.exit_now = True
-        self._payloads().write_payload({"source": "ask_exit", "keepkernel": self.keepkernel_on_exit})
+        ``ZMQInteractiveShell.ask_exit``): writes an ``ask_exit`` payload (``keepkernel``:
+        :attr:`keepkernel_on_exit`, which ``exit(keep_kernel=True)`` sets) into the reply
+        (messaging spec "Payloads"), and ``exit_now`` unless the kernel is kept. Without
+        ``keepkernel`` the kernel shuts down after the cell's reply and idle, through the
+        normal shutdown (core/requests.py ``execute``), as ipykernel stops then."""
+        keep = bool(self.keepkernel_on_exit)
+        self.exit_now = not keep
+        self._payloads().write_payload({"source": "ask_exit", "keepkernel": keep})
 
     keepkernel_on_exit = False
     #: the ``error`` content of a failure to format this cell's result (see
