@@ -118,3 +118,17 @@ def test_exit_keep_kernel_keeps_it(own_kernel: tuple[Any, Any]) -> None:
     r, _out = execute(kc, "1 + 1")
     assert r["content"]["status"] == "ok"
     assert km.is_alive()
+
+
+@pytest.mark.parametrize("channel", ["shell", "control"])
+def test_connect_request_is_answered_with_the_ports(own_kernel: tuple[Any, Any], channel: str) -> None:
+    """Deprecated since protocol 5.1, still sent by old clients; ipykernel
+    answers it. Before: ``UnknownMessageType``."""
+    km, kc = own_kernel
+    msg = kc.session.msg("connect_request", {})
+    getattr(kc, f"{channel}_channel").send(msg)
+    get = kc.get_shell_msg if channel == "shell" else kc.get_control_msg
+    reply = get(timeout=TIMEOUT)
+    assert reply["parent_header"]["msg_id"] == msg["header"]["msg_id"]
+    ports = {f"{c}_port": km.get_connection_info()[f"{c}_port"] for c in ("shell", "iopub", "stdin", "hb", "control")}
+    assert reply["content"] == {"status": "ok", **ports}

@@ -1,7 +1,8 @@
 """The io-lane handlers: answered by the io run itself (routes.py, ``Lane.IO``).
 
-kernel_info, shutdown, interrupt and usage (messaging spec "Kernel info",
-"Kernel shutdown", "Kernel interrupt"; ipykernel 7's ``usage_request``),
+kernel_info, connect, shutdown, interrupt and usage (messaging spec "Kernel
+info", "Connect", "Kernel shutdown", "Kernel interrupt"; ipykernel 7's
+``usage_request``),
 the subshell requests (JEP 91), anything unknown, and anything
 ``--strict`` refused. Each is ``async handler(core, ctx) -> Reply | None``.
 
@@ -61,6 +62,12 @@ def request_error(core: CoreServices, msg_type: str, ename: str, evalue: str) ->
 async def kernel_info(core: CoreServices, ctx: RequestContext) -> Reply:
     """``kernel_info_request``: static content, answered while IPython loads."""
     return Reply(core.kernel_info())
+
+
+async def connect(core: CoreServices, ctx: RequestContext) -> Reply:
+    """``connect_request`` (messaging spec "Connect", deprecated since 5.1 but
+    still sent by old clients; ipykernel answers it): the five ports."""
+    return Reply({"status": "ok", **core.ports()})
 
 
 async def shutdown(core: CoreServices, ctx: RequestContext) -> Reply:

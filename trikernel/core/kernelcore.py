@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -38,7 +38,7 @@ from trikernel.errors import JobInterrupted, KernelShuttingDown, ProtocolError
 from trikernel.protocol.strict import Refused
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Mapping
 
     from trikernel.core.badinput import BadInputLog
     from trikernel.core.context import Reply
@@ -74,6 +74,7 @@ class CoreDeps:
       then gets a DAP error response.
     - ``on_control``: told every message read on control, before it is
       routed (``get_ipython().kernel.get_parent("control")``), or None.
+    - ``ports``: the bound ports, ``{"shell_port": n, ...}`` (``connect_reply``).
     """
 
     builder: MessageBuilder
@@ -85,6 +86,7 @@ class CoreDeps:
     subshells: SubshellRuns | None = None
     debug: Callable[[dict[str, Any], dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
     on_control: Callable[[Message], None] | None = None
+    ports: Mapping[str, int] = field(default_factory=dict)
 
 
 class KernelCore:
@@ -134,6 +136,10 @@ class KernelCore:
     def request_shutdown(self) -> None:
         """Begin an orderly shutdown."""
         self._d.request_shutdown()
+
+    def ports(self) -> dict[str, int]:
+        """The bound ports, ``{"shell_port": n, ...}``."""
+        return dict(self._d.ports)
 
     def execution_count(self) -> int:
         """The interpreter's next execution count; 0 before it is up."""

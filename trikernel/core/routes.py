@@ -5,7 +5,7 @@ Every ``msg_type`` the kernel serves has one :class:`Route` in the table
 the channels it is accepted on, its :class:`Lane` and its handler. Lanes:
 
 - ``io``: answered in the io run itself, in arrival order on its channel
-  (kernel_info, shutdown, interrupt, usage, subshells), so control answers
+  (kernel_info, connect, shutdown, interrupt, usage, subshells), so control answers
   while a cell runs and kernel_info while IPython is still loading;
 - ``sequential``: one at a time, in order, per shell lane, in its user run's
   main task (execute, complete, inspect, is_complete, history);
@@ -77,6 +77,9 @@ class CoreServices(Protocol):
 
     def request_shutdown(self) -> None:
         """Begin an orderly shutdown (once idle is queued)."""
+
+    def ports(self) -> dict[str, int]:
+        """The kernel's bound ports, ``{"shell_port": n, ...}`` (five channels)."""
 
     def execution_count(self) -> int:
         """The interpreter's next execution count; 0 before IPython is up."""

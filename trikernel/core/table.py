@@ -24,6 +24,7 @@ ROUTES: dict[str, Route] = {
     "comm_close": Route(SHELL, Lane.CONCURRENT, requests.comm),
     "comm_info_request": Route(SHELL, Lane.CONCURRENT, requests.user_request(lambda i: i.comm_info, concurrent=True)),
     "kernel_info_request": Route(BOTH, Lane.IO, control.kernel_info),
+    "connect_request": Route(BOTH, Lane.IO, control.connect),
     "shutdown_request": Route(BOTH, Lane.IO, control.shutdown),
     "interrupt_request": Route(BOTH, Lane.IO, control.interrupt),
     "usage_request": Route(CONTROL, Lane.IO, control.usage),

@@ -148,6 +148,7 @@ class Kernel:
                 subshells=self.subshells,
                 debug=self._debug,
                 on_control=self.parents.control_seen,
+                ports=conn.ports,
             )
         )
         self.requests.attach(self.core)
