@@ -70,8 +70,8 @@ class Debug:
         self.seq = 0
         self.iopub: list[dict[str, Any]] = []
         self.read = 0  # index of the first IOPub message not yet looked at by wait_event
-        # control replies read while waiting for another one: requests in flight
-        # at once may be answered in any order (one io-run task per request)
+        # control replies read while waiting for another one: a kernel_info sent
+        # while a debug request waits on debugpy is answered first
         self.early: dict[str, dict[str, Any]] = {}
 
     # -- requests ------------------------------------------------------------------
@@ -461,6 +461,45 @@ def test_concurrent_requests_matched_by_request_seq(session: Debug) -> None:
         r = session.reply(mid)
         assert r["request_seq"] == seq, r
         assert r["body"]["result"] == value, r
+    assert session.resume(tid, msg_id)["status"] == "ok"
+    session.ok("setBreakpoints", {"breakpoints": [], "source": {"path": path}})
+
+
+def test_debug_requests_are_bracketed_one_at_a_time(session: Debug) -> None:
+    """Back-to-back debug_requests each get busy, reply, idle before the next
+    one's busy (ipykernel#1412, its test_debug_requests_sequential; JupyterLab's
+    Variables panel went blank on busy, busy, idle, idle). Forwarded
+    requests at a stop, so each waits on debugpy."""
+    code = "def g(k):\n    w = k + 1\n    return w\n\ng(1)\n"
+    msg_id, path, tid = session.stop_at(code, 3)
+    frame = session.frames(tid)[0]
+    ids = [session.send("evaluate", {"expression": f"w + {n}", "frameId": frame["id"]})[0] for n in range(3)]
+    for mid in ids:
+        session.reply(mid)
+        session.wait_idle(mid)
+    states = [
+        (m["parent_header"]["msg_id"], m["content"]["execution_state"])
+        for m in session.iopub
+        if m["msg_type"] == "status" and m["parent_header"].get("msg_id") in ids
+    ]
+    assert states == [(mid, state) for mid in ids for state in ("busy", "idle")]
+    assert session.resume(tid, msg_id)["status"] == "ok"
+    session.ok("setBreakpoints", {"breakpoints": [], "source": {"path": path}})
+
+
+def test_hidden_names_are_not_in_the_variables_panel_at_a_stop(session: Debug) -> None:
+    """At a breakpoint in a cell's top level, its scopes show the user's
+    names, not the kernel's hidden ones (``nursery``, ``trio``, IPython's
+    ``In``/``Out``/``exit``), as the panel does while nothing is stopped."""
+    code = "shown_here = 1\nshown_too = 2\n"
+    msg_id, path, tid = session.stop_at(code, 2)
+    frame = session.frames(tid)[0]
+    names: set[str] = set()
+    for scope in session.ok("scopes", {"frameId": frame["id"]})["body"]["scopes"]:
+        variables = session.ok("variables", {"variablesReference": scope["variablesReference"]})["body"]["variables"]
+        names |= {v["name"] for v in variables}
+    assert "shown_here" in names
+    assert not names & {"nursery", "trio", "In", "Out", "exit", "quit", "get_ipython", "_ih", "_oh", "_dh"}, names
     assert session.resume(tid, msg_id)["status"] == "ok"
     session.ok("setBreakpoints", {"breakpoints": [], "source": {"path": path}})
 

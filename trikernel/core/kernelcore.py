@@ -51,8 +51,9 @@ log = logging.getLogger("trikernel.dispatch")
 
 #: Concurrent-lane jobs in flight at once (all lanes).
 CONCURRENT_LIMIT = 64
-#: debug_requests served at once (each an io-run task); later ones wait their turn.
-DEBUG_REQUESTS_IN_FLIGHT = 16
+#: debug_requests queued for the debug lane (served one at a time, in
+#: arrival order); past it the control reader waits (backpressure).
+DEBUG_BACKLOG = 64
 
 #: The lane the current io-run task serves (None: none; jobs then go to the main shell's run).
 _serving: ContextVar[SequentialLane | None] = ContextVar("trikernel_serving_lane", default=None)
@@ -105,7 +106,11 @@ class KernelCore:
         self._shell_seq = 0
         self.lanes = Lanes(SequentialLane.open(None, deps.main_run, self._ready))
         self._limiter = trio.CapacityLimiter(CONCURRENT_LIMIT)
-        self._debug_limiter = trio.CapacityLimiter(DEBUG_REQUESTS_IN_FLIGHT)
+        # the debug lane: one request at a time, FIFO (ipykernel#1412: two
+        # variables requests bracketed at once gave busy, busy, idle, idle)
+        self._debug_send: trio.MemorySendChannel[tuple[str, Message, Route]]
+        self._debug_recv: trio.MemoryReceiveChannel[tuple[str, Message, Route]]
+        self._debug_send, self._debug_recv = trio.open_memory_channel(DEBUG_BACKLOG)
         self._nursery: trio.Nursery | None = None
 
     # -- CoreServices ----------------------------------------------------------------
@@ -187,7 +192,7 @@ class KernelCore:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The core's io-run service: holds the nursery of the lanes, the
-        concurrent jobs and the debug requests; serves the main lane.
+        concurrent jobs and the debug lane; serves the main lane.
 
         Cancellation: runs until the io run cancels it at shutdown; every
         bracket in flight still publishes its idle (context.py).
@@ -195,6 +200,7 @@ class KernelCore:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._serve_lane, self.lanes.main)
+            nursery.start_soon(self._serve_debug)
             task_status.started()
             await trio.sleep_forever()
 
@@ -214,9 +220,7 @@ class KernelCore:
             await self.bracket(channel, msg, route.handler)
             return
         if route.lane is Lane.DEBUG:
-            borrower = object()
-            await self._debug_limiter.acquire_on_behalf_of(borrower)
-            self._nursery.start_soon(self._limited, self._debug_limiter, channel, msg, route, borrower, None)
+            await self._debug_send.send((channel, msg, route))
             return
         lane = self.lanes.of(msg)
         if lane is None:
@@ -305,6 +309,15 @@ class KernelCore:
             if lane.subshell_id is not None:
                 lane.user_run.stop()
 
+    async def _serve_debug(self) -> None:
+        """The debug lane: each ``debug_request`` bracketed in turn, in arrival
+        order, so each gets busy → reply → idle before the next one's busy
+        (JupyterLab's Variables panel reads the statuses). Apart from the io
+        lane: a request waiting on debugpy never delays kernel_info or
+        interrupt."""
+        async for channel, msg, route in self._debug_recv:
+            await self.bracket(channel, msg, route.handler)
+
     async def _limited(
         self,
         limiter: trio.CapacityLimiter,
@@ -314,7 +327,7 @@ class KernelCore:
         borrower: object,
         lane: SequentialLane | None,
     ) -> None:
-        """A concurrent or debug request, bracketed in a task of its own."""
+        """A concurrent request, bracketed in a task of its own."""
         if lane is not None:
             _serving.set(lane)
         try:

@@ -12,9 +12,10 @@ the channels it is accepted on, its :class:`Lane` and its handler. Lanes:
 - ``concurrent``: as tasks of the lane's user run as soon as it has control
   (comm messages, comm_info), so a widget's ``on_msg`` runs while an async
   cell awaits;
-- ``debug``: ``debug_request`` on control, each bracketed in an io-run task
-  of its own, so one that waits on debugpy never holds up kernel_info or
-  interrupt.
+- ``debug``: ``debug_request`` on control, one at a time in arrival order
+  in an io-run task of its own, so each gets busy, reply, idle before the
+  next one's busy, and one that waits on debugpy never holds up kernel_info
+  or interrupt.
 
 A handler is ``async handler(core, ctx) -> Reply | None``: ``core`` is the
 :class:`CoreServices` of the kernel core (kernelcore.py), ``ctx`` the

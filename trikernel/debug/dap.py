@@ -309,3 +309,19 @@ def _snapshot(d: dict[Any, Any]) -> dict[Any, Any]:
 def accept_variable(name: str) -> bool:
     """Whether the Variables panel shows ``name`` (IPython's own names are left out)."""
     return bool(name) and name not in _HIDDEN_NAMES and not _HIDDEN_PATTERN.match(name)
+
+
+def accept_stopped_variable(var: dict[str, Any], ns: dict[str, Any], hidden: dict[str, Any]) -> bool:
+    """Whether the Variables panel shows debugpy's DAP Variable ``var`` at a
+    stop: not IPython's own names (:func:`accept_variable`), nor a name the
+    kernel hides in the user's namespace (``hidden``: ``user_ns_hidden``, with
+    ``nursery`` and ``trio``) while ``ns`` still holds that hidden object and
+    the variable has its type — a local of the same name and another type
+    stays. io run; ``ns`` may change meanwhile on the main thread."""
+    name = str(var.get("name", ""))
+    if not accept_variable(name):
+        return False
+    if name not in hidden:
+        return True
+    value = hidden[name]
+    return ns.get(name) is not value or var.get("type") != type(value).__name__

@@ -4,9 +4,10 @@
 Which run or thread each part runs on:
 
 - :class:`Debugger` and :class:`DapClient` run in the **io run** (io thread):
-  every ``debug_request`` is one task there (core/kernelcore.py, lane ``debug``), so
-  a request that waits on debugpy or on the main thread never holds up the
-  control channel (kernel_info, interrupt). The client talks to debugpy's
+  debug requests are served one at a time by the core's debug lane
+  (core/kernelcore.py, lane ``debug``), apart from the control channel's
+  other requests, so one that waits on debugpy or on the main thread never
+  holds up kernel_info or interrupt. The client talks to debugpy's
   adapter over a TCP stream of the io run; one reader task takes every DAP
   message off it: responses are matched to their request by
   ``request_seq`` (never by order), events go out on IOPub as
@@ -35,7 +36,7 @@ is forwarded to debugpy. ``disconnect`` is forwarded with
 ``terminateDebuggee`` false whatever the client asked (true kills the
 kernel process).
 
-Runs on: the io run (:class:`Debugger`, one task per debug_request); the
+Runs on: the io run (:class:`Debugger`, in the core's debug lane); the
 main thread's user run (the one start of debugpy, tracing on and off,
 the ``pre_execute`` hook); :func:`available` any thread.
 """
@@ -61,7 +62,7 @@ from trikernel.debug.dap import (
     DapClient,
     DapError,
     VariableExplorer,
-    accept_variable,
+    accept_stopped_variable,
 )
 from trikernel.protocol.dap import response
 from trikernel.threads import mark_kernel_threads
@@ -545,7 +546,11 @@ class Debugger:
         reply = await self._forward(request)
         body = reply.get("body")
         if reply.get("success") and isinstance(body, dict) and isinstance(body.get("variables"), list):
-            body["variables"] = [v for v in body["variables"] if accept_variable(str(v.get("name", "")))]
+            shell = self._shell
+            ns, hidden = (shell.user_ns, shell.user_ns_hidden) if shell is not None else ({}, {})
+            body["variables"] = [
+                v for v in body["variables"] if isinstance(v, dict) and accept_stopped_variable(v, ns, hidden)
+            ]
         return reply
 
     async def _rich_inspect_variables(self, request: dict[str, Any]) -> dict[str, Any]:
