@@ -132,3 +132,24 @@ def test_connect_request_is_answered_with_the_ports(own_kernel: tuple[Any, Any],
     assert reply["parent_header"]["msg_id"] == msg["header"]["msg_id"]
     ports = {f"{c}_port": km.get_connection_info()[f"{c}_port"] for c in ("shell", "iopub", "stdin", "hb", "control")}
     assert reply["content"] == {"status": "ok", **ports}
+
+
+def test_input_without_stdin_says_what_ipykernel_says(jupyter_path: str, tmp_path: Any) -> None:
+    """nbclient's test_disable_stdin compares the evalue word for word;
+    ``__session__`` is ``$JPY_SESSION_NAME`` (the notebook's path, set by
+    jupyter_server), and ``sys.stdout._is_master_process()`` exists, as in
+    ipykernel."""
+    notebook = str(tmp_path / "my.ipynb")
+    km, kc = start_kernel("trikernel-test-signal", env={**os.environ, "JPY_SESSION_NAME": notebook})
+    try:
+        r, _ = execute(kc, "input('?')", allow_stdin=False)
+        assert (r["content"]["ename"], r["content"]["evalue"]) == (
+            "StdinNotImplementedError",
+            "raw_input was called, but this frontend does not support input requests.",
+        )
+        r, _ = execute(kc, "import getpass\ngetpass.getpass()", allow_stdin=False)
+        assert r["content"]["evalue"] == "getpass was called, but this frontend does not support input requests."
+        r, out = execute(kc, "import sys\nprint(__session__, sys.stdout._is_master_process())")
+        assert stdout_of(out) == f"{notebook} True\n"
+    finally:
+        stop_kernel(km, kc)

@@ -18,6 +18,7 @@ before the reply (fdcapture.py).
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from dataclasses import dataclass
@@ -230,6 +231,9 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> Interpreter:
     for name, value in (("nursery", un), ("trio", trio)):
         shell.user_ns[name] = value
         shell.user_ns_hidden[name] = value
+    session_name = os.environ.get("JPY_SESSION_NAME")
+    if session_name:  # the notebook's path, set by jupyter_server (as ipykernel)
+        shell.user_ns["__session__"] = session_name
     magics.register(shell, deps.stats, deps.message_log)
     info = deps.connection.to_dict() if deps.connection is not None else None
     magics.register_kernel_magics(shell, magics.ConnectionFile(info, deps.connection_file) if info else None)

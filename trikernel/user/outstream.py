@@ -150,6 +150,7 @@ class OutStream(io.TextIOBase):
         self._fallback = fallback  # the kernel's real terminal stream (io-thread writes, fileno)
         self._fd = 1 if name == "stdout" else 2
         self._child_pending = ""  # a forked child's unfinished line
+        self._master_pid = os.getpid()
 
     @property
     def name(self) -> str:
@@ -162,6 +163,11 @@ class OutStream(io.TextIOBase):
         """Always ``"utf-8"``: the text goes into JSON ``stream`` messages (messaging spec
         "Streams (stdout, stderr, etc)")."""
         return "utf-8"
+
+    def _is_master_process(self) -> bool:
+        """ipykernel's ``OutStream._is_master_process``: False in a forked child
+        (ipykernel's own tests, and code written against them, call it)."""
+        return os.getpid() == self._master_pid
 
     def writable(self) -> bool:
         """``io.TextIOBase.writable``: always True."""

@@ -419,8 +419,13 @@ class InputForwarder:
         return self.request(str(prompt), True)
 
 
-def _no_stdin(*args: Any, **kw: Any) -> str:
-    raise StdinNotImplementedError("input was called, but this frontend does not support input requests.")
+def _no_input(*args: Any, **kw: Any) -> str:
+    # ipykernel's text, word for word (nbclient's tests compare it)
+    raise StdinNotImplementedError("raw_input was called, but this frontend does not support input requests.")
+
+
+def _no_getpass(*args: Any, **kw: Any) -> str:
+    raise StdinNotImplementedError("getpass was called, but this frontend does not support input requests.")
 
 
 async def execute(
@@ -448,7 +453,7 @@ async def execute(
     shell._formatting_error = None
     if isinstance(shell.displayhook, TrikernelDisplayHook):
         shell.displayhook.formatting = False  # left set if the last result's formatting raised out
-    with lanestate.route_input(fwd.input if allow_stdin else _no_stdin, fwd.getpass if allow_stdin else _no_stdin):
+    with lanestate.route_input(fwd.input if allow_stdin else _no_input, fwd.getpass if allow_stdin else _no_getpass):
         transformed, preprocessing_exc_tuple = awaitmagics.transform_cell(shell, code)
         try:
             try:
