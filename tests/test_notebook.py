@@ -1,5 +1,6 @@
 """nbclient (`jupyter execute`) runs the README's tour notebook on trikernel,
-classically and through the JEP 66 provisioner."""
+classically, through the JEP 66 provisioner, and installed as the default
+``python3`` kernel; papermill runs a parameterized notebook on it."""
 
 from __future__ import annotations
 
@@ -59,3 +60,41 @@ def test_tour_runs_with_jupyter_execute(tmp_path):
 def test_tour_runs_through_the_handshake_provisioner(tmp_path):
     env = dict(os.environ, JUPYTER_PATH=install_kernelspec(tmp_path / "prefix", "trikernel-hs", "--handshake"))
     _check(_run("trikernel-hs", str(tmp_path / "out.ipynb"), env=env))
+
+
+@pytest.fixture
+def as_python3(tmp_path):
+    """trikernel installed as the default Python kernel, ``python3``, as a user
+    would (``python -m trikernel install --name python3``): nbclient then adds
+    ``--HistoryManager.hist_file=:memory:`` to its command line, which stopped
+    trikernel's start-up before issue 25 ("Kernel died before replying to
+    kernel_info")."""
+    return dict(os.environ, JUPYTER_PATH=install_kernelspec(tmp_path / "prefix", "python3"))
+
+
+def test_jupyter_execute_runs_a_notebook_on_trikernel_installed_as_python3(tmp_path, as_python3):
+    _check(_run("python3", str(tmp_path / "out.ipynb"), env=as_python3))
+
+
+def test_papermill_runs_a_notebook_on_trikernel_installed_as_python3(tmp_path, as_python3):
+    """papermill's own job: a parameters cell, overridden with ``-p``. (The tour
+    has a cell that fails on purpose, which papermill stops at, as for any
+    kernel.)"""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("from tqdm.auto import tqdm\nprint(x + 1, get_ipython().kernel.implementation)"),
+    ]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    src, out = str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb")
+    nbformat.write(nb, src)
+    r = subprocess.run(
+        [which("papermill"), src, out, "-p", "x", "41", "--no-progress-bar"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=as_python3,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    cells = nbformat.read(out, as_version=4).cells
+    assert "".join(o.get("text", "") for o in cells[-1].outputs) == "42 trikernel\n"
