@@ -97,6 +97,12 @@ def _flag(section: str, **traits: Any) -> tuple[dict[str, Any], str]:
     return {section: traits}, ""
 
 
+def _toggle(name: str, section: str, trait: str | None = None) -> dict[str, tuple[dict[str, Any], str]]:
+    """IPython's pair of flags ``--NAME`` / ``--no-NAME`` for one boolean trait."""
+    trait = trait or name.replace("-", "_")
+    return {name: _flag(section, **{trait: True}), f"no-{name}": _flag(section, **{trait: False})}
+
+
 #: IPython's ``base_flags`` and ``shell_flags`` and jupyter_client's
 #: ``session_flags``, as data (see :data:`IPYTHON_ALIASES`).
 IPYTHON_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
@@ -105,18 +111,12 @@ IPYTHON_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
     "show-config-json": _flag("Application", show_config_json=True),
     "quiet": _flag("Application", log_level=50),
     "init": _flag("BaseIPythonApplication", copy_config_files=True, auto_create=True),
-    "autoindent": _flag("InteractiveShell", autoindent=True),
-    "no-autoindent": _flag("InteractiveShell", autoindent=False),
-    "automagic": _flag("InteractiveShell", automagic=True),
-    "no-automagic": _flag("InteractiveShell", automagic=False),
-    "pdb": _flag("InteractiveShell", pdb=True),
-    "no-pdb": _flag("InteractiveShell", pdb=False),
-    "pprint": _flag("PlainTextFormatter", pprint=True),
-    "no-pprint": _flag("PlainTextFormatter", pprint=False),
-    "color-info": _flag("InteractiveShell", color_info=True),
-    "no-color-info": _flag("InteractiveShell", color_info=False),
-    "ignore-cwd": _flag("InteractiveShellApp", ignore_cwd=True),
-    "no-ignore-cwd": _flag("InteractiveShellApp", ignore_cwd=False),
+    **_toggle("autoindent", "InteractiveShell"),
+    **_toggle("automagic", "InteractiveShell"),
+    **_toggle("pdb", "InteractiveShell"),
+    **_toggle("pprint", "PlainTextFormatter"),
+    **_toggle("color-info", "InteractiveShell"),
+    **_toggle("ignore-cwd", "InteractiveShellApp"),
     "nosep": _flag("InteractiveShell", separate_in="", separate_out="", separate_out2=""),
     "pylab": _flag("InteractiveShellApp", pylab="auto"),
     "matplotlib": _flag("InteractiveShellApp", matplotlib="auto"),

@@ -38,7 +38,7 @@ thread); :class:`KernelHandle` is built on the main thread at set-up.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 from trikernel import __version__
 from trikernel.protocol.messages import iopub_topic, kernel_info_content
@@ -48,6 +48,10 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from trikernel.user.outstream import ParentTracker, Publisher
+
+_Opt: TypeAlias = "dict[str, Any] | None"
+_Parent: TypeAlias = "Mapping[str, Any] | None"
+_Msg: TypeAlias = "dict[str, Any]"
 
 #: ipykernel's kernel attributes user code cannot have in trikernel (module docstring).
 NOT_OFFERED = frozenset({"do_one_iteration", "shell_handlers", "execute_request", "io_loop", "shell_streams"})
@@ -127,13 +131,8 @@ class KernelSession:
         return f"<trikernel session {self.session}>"
 
     def msg(
-        self,
-        msg_type: str,
-        content: dict[str, Any] | None = None,
-        parent: Mapping[str, Any] | None = None,
-        header: dict[str, Any] | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        self, msg_type: str, content: _Opt = None, parent: _Parent = None, header: _Opt = None, metadata: _Opt = None
+    ) -> _Msg:
         """jupyter_client's ``Session.msg``: a new message dict (``header``,
         ``msg_id``, ``msg_type``, ``parent_header``, ``content``,
         ``metadata``); nothing is sent. ``parent``: a message dict or a
