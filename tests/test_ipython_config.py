@@ -240,3 +240,16 @@ def test_sys_path_has_the_empty_entry_before_site_packages(jupyter_path: str, tm
         assert _values(out)[-1] == "([], False, 42)"
     finally:
         stop_kernel(km, kc)
+
+
+def test_pylab_on_the_command_line_sets_up_matplotlib_and_numpy(jupyter_path: str, tmp_path: pathlib.Path) -> None:
+    """``--pylab=inline`` (InteractiveShellApp.init_gui_pylab, as ipykernel runs it):
+    matplotlib's inline backend, ``np`` and ``plt`` in the namespace."""
+    km, kc = _kernel(jupyter_path, "tk-pylab", ["--pylab=inline"], tmp_path)
+    try:
+        r, out = execute(kc, "import matplotlib\nprint(matplotlib.get_backend(), np.__name__, plt.__name__)")
+        assert r["content"]["status"] == "ok", r["content"]
+        assert stdout_of(out).split()[1:] == ["numpy", "matplotlib.pyplot"]
+        assert "inline" in stdout_of(out).split()[0]
+    finally:
+        stop_kernel(km, kc)
