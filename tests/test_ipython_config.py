@@ -38,6 +38,10 @@ def test_the_tables_held_as_data_are_ipykernels() -> None:
     theirs = {k: {s: set(t) for s, t in v[0].items()} for k, v in kernel_flags.items()}
     theirs["trio-loop"] = {}  # ipykernel's trio loop is trikernel's only one: the flag sets nothing
     assert ours == theirs
+    from trikernel.user import kernelapp  # stage 2's tables: IPython's own, and the data for the rest
+
+    assert kernelapp._aliases() == dict(kernel_aliases)
+    assert set(kernelapp._flags()) == set(kernel_flags)
 
 
 def test_trikernel_options_and_ipython_options_are_split() -> None:

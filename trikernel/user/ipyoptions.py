@@ -65,8 +65,7 @@ IPYKERNEL_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
     "trio-loop": ({}, "accepted: trikernel always runs cells on trio"),
 }
 
-#: IPython's ``base_aliases`` and ``shell_aliases`` and jupyter_client's
-#: ``session_aliases`` (IPython 9), as data: stage 1 runs before IPython may
+#: IPython's ``base_aliases`` and ``shell_aliases`` (IPython 9), as data: stage 1 runs before IPython may
 #: be imported. tests/test_ipython_config.py checks them against the
 #: installed IPython; stage 2 takes the installed IPython's own tables.
 IPYTHON_ALIASES: dict[str, str] = {
@@ -87,10 +86,12 @@ IPYTHON_ALIASES: dict[str, str] = {
     "pylab": "InteractiveShellApp.pylab",
     "matplotlib": "InteractiveShellApp.matplotlib",
     "cache-size": "InteractiveShell.cache_size",
-    "ident": "Session.session",
-    "user": "Session.username",
-    "keyfile": "Session.keyfile",
 }
+
+#: jupyter_client's ``session_aliases`` and ``session_flags`` (refused: the
+#: session comes from the connection file; importing jupyter_client for them
+#: would cost ~0.1 s of the first cell).
+SESSION_ALIASES: dict[str, str] = {"ident": "Session.session", "user": "Session.username", "keyfile": "Session.keyfile"}
 
 
 def _flag(section: str, **traits: Any) -> tuple[dict[str, Any], str]:
@@ -103,8 +104,7 @@ def _toggle(name: str, section: str, trait: str | None = None) -> dict[str, tupl
     return {name: _flag(section, **{trait: True}), f"no-{name}": _flag(section, **{trait: False})}
 
 
-#: IPython's ``base_flags`` and ``shell_flags`` and jupyter_client's
-#: ``session_flags``, as data (see :data:`IPYTHON_ALIASES`).
+#: IPython's ``base_flags`` and ``shell_flags``, as data (see :data:`IPYTHON_ALIASES`).
 IPYTHON_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
     "debug": _flag("Application", log_level=10),
     "show-config": _flag("Application", show_config=True),
@@ -120,6 +120,8 @@ IPYTHON_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
     "nosep": _flag("InteractiveShell", separate_in="", separate_out="", separate_out2=""),
     "pylab": _flag("InteractiveShellApp", pylab="auto"),
     "matplotlib": _flag("InteractiveShellApp", matplotlib="auto"),
+}
+SESSION_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
     "secure": _flag("Session", key=b"", keyfile=""),
     "no-secure": _flag("Session", key=b"", keyfile=""),
 }
@@ -127,8 +129,8 @@ IPYTHON_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
 #: ipykernel's aliases and flags in the order ipykernel merges them (its own,
 #: then IPython's shell and session tables over them: ``--pylab`` is
 #: IPython's ``InteractiveShellApp.pylab``).
-ALIASES: dict[str, str] = {**IPYKERNEL_ALIASES, **IPYTHON_ALIASES}
-FLAGS: dict[str, tuple[dict[str, Any], str]] = {**IPYKERNEL_FLAGS, **IPYTHON_FLAGS}
+ALIASES: dict[str, str] = {**IPYKERNEL_ALIASES, **IPYTHON_ALIASES, **SESSION_ALIASES}
+FLAGS: dict[str, tuple[dict[str, Any], str]] = {**IPYKERNEL_FLAGS, **IPYTHON_FLAGS, **SESSION_FLAGS}
 
 #: Settings ipykernel takes that trikernel cannot honour, each with the reason
 #: start-up gives when one is on the command line. A section alone refuses

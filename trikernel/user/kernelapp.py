@@ -52,17 +52,15 @@ log = logging.getLogger("trikernel.ipython")
 
 
 def _aliases() -> dict[str, Any]:
-    """ipykernel's ``kernel_aliases``, built as ipykernel builds them from the installed IPython."""
-    from jupyter_client.session import session_aliases
-
-    return {**base_aliases, **ipyoptions.IPYKERNEL_ALIASES, **shell_aliases, **session_aliases}
+    """ipykernel's ``kernel_aliases``, built as ipykernel builds them from the
+    installed IPython (jupyter_client's session ones as data: stage 1 refuses
+    them anyway)."""
+    return {**base_aliases, **ipyoptions.IPYKERNEL_ALIASES, **shell_aliases, **ipyoptions.SESSION_ALIASES}
 
 
 def _flags() -> dict[str, Any]:
     """ipykernel's ``kernel_flags``, from the installed IPython (see :func:`_aliases`)."""
-    from jupyter_client.session import session_flags
-
-    return {**base_flags, **ipyoptions.IPYKERNEL_FLAGS, **shell_flags, **session_flags}
+    return {**base_flags, **ipyoptions.IPYKERNEL_FLAGS, **shell_flags, **ipyoptions.SESSION_FLAGS}
 
 
 class IPKernelApp(BaseIPythonApplication, InteractiveShellApp):

@@ -11,12 +11,18 @@ import sys
 from subprocess import PIPE, Popen
 from typing import TYPE_CHECKING, Any
 
-from jupyter_client.connect import write_connection_file
-
 if TYPE_CHECKING:
     from trikernel.user.kernelapp import IPKernelApp
 
 __all__ = ["connect_qtconsole", "get_connection_file", "get_connection_info", "write_connection_file"]
+
+
+def write_connection_file(*args: Any, **kwargs: Any) -> tuple[str, Any]:
+    """jupyter_client's ``write_connection_file`` (ipykernel re-exports it);
+    jupyter_client is imported only when it is called."""
+    from jupyter_client.connect import write_connection_file as write
+
+    return write(*args, **kwargs)
 
 
 def get_connection_file(app: IPKernelApp | None = None) -> str:
