@@ -42,7 +42,7 @@ log = logging.getLogger("trikernel.tracebacks")
 STR_FAILED = "<exception str() failed>"
 
 #: Packages whose frames are kernel machinery in a user's traceback.
-MACHINERY_PACKAGES = ("trikernel", "trio", "outcome")
+MACHINERY_PACKAGES = ("trikernel", "trio", "outcome", "trio_asyncio")
 
 
 def _safe(value: object, what: str, func: Any = str) -> str:

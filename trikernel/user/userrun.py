@@ -46,7 +46,7 @@ import trio
 
 from trikernel.core.job import Job
 from trikernel.errors import KernelShuttingDown
-from trikernel.user import guestrun
+from trikernel.user import aioloop, guestrun
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -246,18 +246,23 @@ class UserRun:
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
-                if self.on_main_thread:
-                    await _protected_setup(setup, nursery)
-                else:
-                    await _set_up(setup, nursery)
-                self._send = send
-                self.token = trio.lowlevel.current_trio_token()
-                if self.stopping:
-                    # stop() came while IPython was loading (no token then):
-                    # it could not queue _Stop, so the run stops itself
-                    send.send_nowait(_Stop())
-                on_ready()
-                await self._serve_jobs(recv)
+                # the run's asyncio loop (aioloop.py), opened in this main task so
+                # that cells and every task spawned from here on see it; closed
+                # (its tasks cancelled, their finally blocks run) before the
+                # nursery is cancelled
+                async with aioloop.kernel_loop():
+                    if self.on_main_thread:
+                        await _protected_setup(setup, nursery)
+                    else:
+                        await _set_up(setup, nursery)
+                    self._send = send
+                    self.token = trio.lowlevel.current_trio_token()
+                    if self.stopping:
+                        # stop() came while IPython was loading (no token then):
+                        # it could not queue _Stop, so the run stops itself
+                        send.send_nowait(_Stop())
+                    on_ready()
+                    await self._serve_jobs(recv)
                 nursery.cancel_scope.cancel()
         finally:
             self.stopped.set()
