@@ -176,27 +176,34 @@ def _may_await(cell_name: str, nodes: list[ast.stmt]) -> bool:
     return cell_awaits(nodes)
 
 
-async def run_cell(cell: Coroutine[Any, Any, Any], nodes: list[ast.stmt], cell_name: str, *, autoawait: bool) -> Any:
-    """Await ``cell`` (IPython's ``run_ast_nodes`` of ``nodes``, compiled as
-    ``cell_name``) as its kind asks.
+def driver_for(nodes: list[ast.stmt], cell_name: str, *, autoawait: bool) -> Any:
+    """The loop to drive a cell on, or None to run it as it is.
 
-    A cell that awaits (:func:`cell_awaits`), in the asyncio mode: through
-    the driver, every statement inside the kernel's running loop. One that
-    does not: as a sync cell (aiosync.py: no running loop). Nested cells
-    (``%%capture``'s body) run as the cell around them. Called in the user
-    run's task that runs the cell (shell.TrikernelShell.run_ast_nodes).
+    A cell that awaits (:func:`cell_awaits`), in the asyncio mode, with the
+    run's loop open: that loop (:func:`run_cell` then steps it, every
+    statement inside the kernel's running loop). Otherwise None: a sync cell
+    (aiosync.py: no running loop), a cell nested in a driven one
+    (``%%capture``'s body runs as the cell around it), or pure trio. Called
+    in the user run's task that runs the cell (shell.TrikernelShell.run_ast_nodes),
+    before the cell's first statement; a function, not a coroutine, so a sync
+    cell pays no extra frame.
+    """
+    if UNSUPPORTED is not None or not autoawait or _Settings.mode != "asyncio":
+        return None
+    loop = trio_asyncio.current_loop.get()
+    if loop is None or aiodrive.driving_task() is trio.lowlevel.current_task():
+        return None
+    return loop if _may_await(cell_name, nodes) else None
+
+
+async def run_cell(cell: Coroutine[Any, Any, Any], loop: Any) -> Any:
+    """Await ``cell`` (IPython's ``run_ast_nodes``) under the driver on ``loop``
+    (:func:`driver_for`'s answer); in the task that runs the cell.
 
     Returns:
         What ``cell`` returns (True if an exception occurred, IPython's meaning).
     """
-    if UNSUPPORTED is not None:
-        return await cell
-    loop = trio_asyncio.current_loop.get()
-    if loop is None or aiodrive.driving_task() is trio.lowlevel.current_task():
-        return await cell
-    if autoawait and _asyncio_cells() and _may_await(cell_name, nodes):
-        return await aiodrive.run_mixed(cell, loop, interruptible=True)
-    return await cell  # a sync cell: undriven code of the cells task (aiosync.in_sync_cell)
+    return await aiodrive.run_mixed(cell, loop, interruptible=True)
 
 
 async def run_task(coro: Awaitable[Any]) -> Any:

@@ -235,9 +235,10 @@ class TrikernelShell(InteractiveShell):
         """``IPython.core.interactiveshell.InteractiveShell.run_ast_nodes``; a cell that
         awaits runs inside the kernel's asyncio loop, so it may await asyncio and trio alike,
         and one that does not runs with no running loop, as in plain Python (user/aioloop.py
-        ``run_cell``). The user run's task that runs the cell."""
+        ``driver_for``, ``run_cell``). The user run's task that runs the cell."""
+        loop = aioloop.driver_for(nodelist, cell_name, autoawait=bool(self.autoawait))
         cell = super().run_ast_nodes(nodelist, cell_name, interactivity=interactivity, compiler=compiler, result=result)
-        return await aioloop.run_cell(cell, nodelist, cell_name, autoawait=bool(self.autoawait))
+        return await (cell if loop is None else aioloop.run_cell(cell, loop))
 
     async def run_line_magic_async(self, magic_name: str, line: str) -> Any:
         """``run_line_magic`` for ``%time``/``%timeit`` whose statement awaits
