@@ -284,9 +284,9 @@ def test_streams_aiohttp_subprocess_queue(wire):
 # ---------------------------------------------------------------- interrupts
 
 
-def interrupt(km: KernelManager, wire: Wire, src: str) -> float:
+def interrupt(km: KernelManager, wire: Wire, src: str) -> tuple[float, dict[str, Any]]:
     """Run ``src`` (it prints 'waiting', then blocks), interrupt it: the KeyboardInterrupt
-    reply's delay after the interrupt."""
+    reply's delay after the interrupt, and the reply's content."""
     msg_id = wire.execute(code(src))
     wire.wait_printed(msg_id, "waiting")
     t0 = time.monotonic()
@@ -297,7 +297,7 @@ def interrupt(km: KernelManager, wire: Wire, src: str) -> float:
     assert (c["status"], c.get("ename")) == ("error", "KeyboardInterrupt"), c
     wire.outputs(msg_id)
     print(f"interrupt latency: {latency * 1000:.0f} ms")
-    return latency
+    return latency, dict(c)
 
 
 def test_an_interrupt_ends_an_awaiting_cell_and_earlier_tasks_tick_on(mode_wire):
@@ -307,8 +307,15 @@ def test_an_interrupt_ends_an_awaiting_cell_and_earlier_tasks_tick_on(mode_wire)
     # raised it; docs/benchmarks.md): not this interrupt's cost
     error(wire, "raise ValueError('the first traceback')")
     ticker_cell = start_ticker(wire)
-    latency = interrupt(km, wire, "print('waiting')\nawait asyncio.sleep(30)")
+    latency, c = interrupt(km, wire, "print('waiting')\nawait asyncio.sleep(30)")
     assert latency < INTERRUPT_BUDGET, f"{latency:.2f}s"
+    # the cell's line, asyncio's own frame; no trio-asyncio frame, nor the CancelledError
+    # of the future the interrupt cancelled (the mechanism's, not the user's)
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(c["traceback"]))
+    assert "----> 2 await asyncio.sleep(30)" in tb, tb
+    assert "asyncio/tasks.py" in tb, tb
+    assert "trio_asyncio" not in tb, tb
+    assert "CancelledError" not in tb, tb
     ok(
         wire,
         """
