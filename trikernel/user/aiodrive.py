@@ -313,6 +313,12 @@ def drive(coro: Coroutine[Any, Any, Any], cell: CellTask, *, interruptible: bool
     except GeneratorExit:
         coro.close()
         raise
+    except BaseException:
+        # the coroutine's frames in the exception's traceback keep their callers'
+        # frames (f_back, 3.12+), this one included: it must not hold the Task,
+        # or a failed, unreferenced Task is reported only by the cyclic collector
+        me = cell = None  # type: ignore[assignment]
+        raise
 
 
 #: the trio task whose coroutine :func:`drive` steps now, in that task's
@@ -408,6 +414,12 @@ class Task(_AsyncioTask):  # type: ignore[misc]
     def get_coro(self) -> Any:
         """The user's coroutine (``asyncio.Task.get_coro``)."""
         return self._user_coro
+
+    def set_name(self, value: object) -> None:
+        """``asyncio.Task.set_name``; None keeps the name (3.13.0's ``loop.create_task``
+        calls ``set_name(name)`` on a factory's task even when no name was given)."""
+        if value is not None:
+            super().set_name(value)
 
     def __repr__(self) -> str:
         try:

@@ -423,6 +423,11 @@ def _batched_main_loop_one(loop: Any) -> Any:
             )
         finally:
             local.name = previous
+            # a Task's step ran in here: its exception's traceback keeps this frame
+            # (f_back of the coroutine's, 3.12+), which must not keep the handle,
+            # whose callback is the Task: the report of a failed Task nobody holds
+            # would wait for the cyclic collector
+            h = None
 
     async def take(obj: Any) -> None:
         if isinstance(obj, asyncio.TimerHandle):
@@ -432,6 +437,7 @@ def _batched_main_loop_one(loop: Any) -> Any:
             await obj._started.wait()
         else:
             call(obj)
+        obj = None  # as in call()
 
     async def one(no_wait: bool = False) -> None:
         if no_wait:  # the close path: trio-asyncio's own
@@ -443,6 +449,7 @@ def _batched_main_loop_one(loop: Any) -> Any:
                 obj = await queue.receive()
             if obj is not None:
                 await take(obj)
+                obj = None  # as in call()
         now = loop.time()
         while timers and timers[0]._when <= now:
             call(heappop(timers))
@@ -452,6 +459,7 @@ def _batched_main_loop_one(loop: Any) -> Any:
             except trio.WouldBlock:
                 break
             await take(obj)
+            obj = None  # as in call()
         await trio.lowlevel.checkpoint()
 
     return trio.lowlevel.enable_ki_protection(one)
