@@ -590,3 +590,13 @@ def test_cell_awaits_agrees_with_the_compiler():
     assert wrong == [], wrong
     sync = [s for s, compiled, ours in r["out"] if ours and not compiled]
     assert sync == ["g = ((await f() for i in y) for j in z)"], sync  # the one over-approximation
+
+
+def test_starting_the_kernel_imports_neither_ipython_nor_trio_asyncio():
+    """The io run answers kernel_info while the user run imports IPython (docs/design.md,
+    "Threads and loops"): the kernel's modules, as launch imports them, leave IPython and
+    trio-asyncio for the user run (aioloop.py once imported tracebacks at module level,
+    and userrun imported aioloop: IPython loaded before the io thread started)."""
+    code = "import sys, trikernel.launch.kernel\nprint(sorted({'IPython', 'trio_asyncio'} & set(sys.modules)))"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout.strip()) == (0, "[]"), p.stderr

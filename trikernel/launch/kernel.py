@@ -48,7 +48,7 @@ from trikernel.server.sockets import BoundSockets, TrioSocket
 from trikernel.server.stdin import StdinBridge
 from trikernel.server.switchinterval import SwitchIntervals
 from trikernel.threads import not_traced
-from trikernel.user import aioloop, fdcapture
+from trikernel.user import fdcapture
 from trikernel.user.interpreter import Interpreter, UserSideDeps, set_up
 from trikernel.user.outstream import ParentTracker
 from trikernel.user.subshells import SubshellRegistry, register_magic
@@ -223,12 +223,15 @@ class Kernel:
         # A cell that computes holds the GIL; the io thread (control, IOPub)
         # gets it after at most this long (docs/benchmarks.md, "Latency").
         sys.setswitchinterval(self.config.switch_interval)
-        # the asyncio loop of each user run: cells' default mode, its close grace (user/aioloop.py)
-        aioloop.configure(autoawait=self.config.autoawait, shutdown_grace=self.config.shutdown_grace)
         not_traced(Heartbeat(self.bound.sockets["hb"])).start()
         self.io.start()
         if not self.io.wait_ready():
             return 1
+        # imported once the io run answers kernel_info (trio-asyncio, ~10 ms): the
+        # asyncio loop of each user run, cells' default mode, its close grace
+        from trikernel.user import aioloop
+
+        aioloop.configure(autoawait=self.config.autoawait, shutdown_grace=self.config.shutdown_grace)
         try:
             self.user_run.run(self._set_up_user_side, self._user_side_ready)
         except BaseException as exc:

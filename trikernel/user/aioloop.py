@@ -64,7 +64,6 @@ import sniffio
 import trio
 
 from trikernel.errors import KernelLoopError
-from trikernel.user import tracebacks
 from trikernel.user.outstream import current_request
 
 if TYPE_CHECKING:
@@ -510,6 +509,8 @@ def _show_in_cell(context: dict[str, Any]) -> bool:
     """Show the handler's ``context`` as output of the cell it belongs to; False when
     it belongs to none known (no shell yet, a stock task, a bare future: logged)."""
     from IPython import get_ipython
+
+    from trikernel.user import tracebacks  # IPython's: loaded once the user side is
 
     shell = get_ipython()
     request = _request_of(context)

@@ -46,7 +46,7 @@ import trio
 
 from trikernel.core.job import Job
 from trikernel.errors import KernelShuttingDown
-from trikernel.user import aioloop, guestrun
+from trikernel.user import guestrun
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -240,6 +240,9 @@ class UserRun:
         return True
 
     async def _main(self, setup: Setup, on_ready: Callable[[], None]) -> None:
+        # imported here, in the user run: the io run answers kernel_info meanwhile
+        from trikernel.user import aioloop
+
         if self.on_main_thread:
             self._trio_sigint = self._wrap_sigint(signal.getsignal(signal.SIGINT))  # trio.run installed it
         send, recv = trio.open_memory_channel[Job | _Stop](SEQ_BUFFER)
