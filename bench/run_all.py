@@ -1,8 +1,8 @@
 """Run every bench in one go and write bench/results/latest.md (and the per-bench .json/.md).
 
 Each bench runs in its own subprocess (iopub, startup, memory, fdoutput,
-in that order) with a time limit; a bench that fails or times out is reported in
-latest.md and the others still run. One full run takes about 5 minutes on
+asyncio_cells, in that order) with a time limit; a bench that fails or times out is reported in
+latest.md and the others still run. One full run takes about 6 minutes on
 2 cores.
 
 Usage: python bench/run_all.py [--quick] [--only iopub startup memory fdoutput]
@@ -26,12 +26,14 @@ PLAN = {
     "startup": (["--reps", "10"], 300),
     "memory": ([], 240),
     "fdoutput": (["--reps", "3"], 360),
+    "asyncio_cells": (["--requests", "300", "--reps", "7"], 300),
 }
 QUICK = {
     "iopub": ["--reps", "1", "--burst-reps", "1", "--comms", "2000", "--lines", "20000", "--buttons", "100"],
     "startup": ["--reps", "2", "--crowd", "2x3"],
     "memory": ["--comms", "2000", "--stall", "3", "--idle-seconds", "1"],
     "fdoutput": ["--reps", "1", "--mb", "2", "--cells", "10", "--hang-timeout", "3"],
+    "asyncio_cells": ["--requests", "20", "--reps", "1", "--awaits", "1000"],
 }
 
 

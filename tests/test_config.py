@@ -85,3 +85,11 @@ def test_kernel_config_bounds():
         KernelConfig(iopub_capacity=0)
     with pytest.raises(ConfigError, match="iopub-send-timeout"):
         KernelConfig(iopub_send_timeout=0)
+
+
+def test_kernel_config_choices():
+    """A string field with choices (``--autoawait``, issue 24) names the flag and the choices."""
+    assert KernelConfig().autoawait == "asyncio"
+    assert KernelConfig(autoawait="trio").autoawait == "trio"
+    with pytest.raises(ConfigError, match=r"--autoawait must be one of asyncio, trio, got 'curio'"):
+        KernelConfig(autoawait="curio")

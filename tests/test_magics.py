@@ -321,14 +321,17 @@ def test_capture_cell_with_await(tk):
 
 
 def test_autoawait_off_and_other_loops(jupyter_path):
-    """``%autoawait`` reports trio; off disables top-level await (under %time too); asyncio is refused."""
+    """``%autoawait`` reports asyncio (asyncio and trio alike, issue 24); off disables
+    top-level await (under %time too); trio is pure trio; curio is refused."""
     km, kc = start_kernel("trikernel-test-signal")
     try:
         _c, out = ok(kc, "%autoawait")
-        assert stdout_of(out) == "IPython autoawait is `on`, and set to use `trio`\n"
-        reply, out = execute(kc, "%autoawait asyncio", stop_on_error=False)
+        assert stdout_of(out) == (
+            "IPython autoawait is `on`, and set to use `asyncio`: cells may await asyncio and trio alike\n"
+        )
+        reply, out = execute(kc, "%autoawait curio", stop_on_error=False)
         assert (reply["content"]["status"], reply["content"]["ename"]) == ("error", "UsageError")
-        assert "trio" in reply["content"]["evalue"]
+        assert "asyncio and trio" in reply["content"]["evalue"]
         ok(kc, "%autoawait off")
         reply, _ = execute(kc, "import trio\nawait trio.sleep(0)", stop_on_error=False)
         assert reply["content"]["ename"] == "SyntaxError", reply["content"]
@@ -337,6 +340,8 @@ def test_autoawait_off_and_other_loops(jupyter_path):
         ok(kc, "%autoawait trio")
         ok(kc, "await trio.sleep(0)")
         ok(kc, "%time await trio.sleep(0)")
+        _c, out = ok(kc, "%autoawait")
+        assert stdout_of(out).startswith("IPython autoawait is `on`, and set to use `trio`: ")
     finally:
         stop_kernel(km, kc)
 

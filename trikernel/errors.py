@@ -14,6 +14,10 @@
 - ``GuiError``: a GUI event loop the user asked for (``%gui``,
   ``%matplotlib``) cannot host the user run. User's request: shown in the
   cell as a UsageError; the run goes on as it was.
+- ``KernelLoopError``: user code asked the kernel's asyncio loop to run or
+  stop (``loop.run_until_complete``, ``run_forever``, ``stop``; also what
+  ``nest_asyncio`` does): it already runs for the kernel's life. User's
+  request: the cell fails with it, the loop and the kernel go on.
 
 Runs on: any thread (pure: exception classes only).
 """
@@ -80,3 +84,9 @@ class GuiError(TrikernelError):
     """``%gui X`` / ``%matplotlib X`` cannot be honoured: a toolkit trikernel
     does not integrate, no binding installed, no display, or trio internals
     missing (guestrun.UNSUPPORTED). The message says which and what to do."""
+
+
+class KernelLoopError(TrikernelError, RuntimeError):
+    """User code asked the kernel's asyncio loop to run inside itself or to
+    stop (user/aioloop.py); a RuntimeError, as asyncio's "This event loop is
+    already running". The message says to ``await`` instead."""

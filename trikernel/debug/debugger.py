@@ -83,7 +83,7 @@ log = logging.getLogger("trikernel.debugger")
 CONNECT_TIMEOUT = 10.0
 
 #: Packages whose frames the debugger never shows or steps into (attach ``rules``).
-HIDDEN_MODULES = ("trikernel", "trio", "outcome", "sniffio", "IPython", "traitlets", "comm", "zmq")
+HIDDEN_MODULES = ("trikernel", "trio", "outcome", "trio_asyncio", "sniffio", "IPython", "traitlets", "comm", "zmq")
 
 
 # -- any thread ----------------------------------------------------------------------

@@ -27,12 +27,14 @@ def knob(
     maximum: float | None = None,
     flag: str | None = None,
     metavar: str | None = None,
+    choices: tuple[str, ...] | None = None,
 ) -> Any:
     """A KernelConfig field: its default, help text, unit and lower bound
     (``exclusive``: the value must be greater than ``minimum``), and an
     inclusive upper bound ``maximum`` where one is needed. ``flag``
     overrides the command-line flag derived from the field name; ``metavar``
-    the name of its value in ``--help``."""
+    the name of its value in ``--help``; ``choices`` the values a string
+    field may take."""
     return field(
         default=default,
         metadata={
@@ -43,6 +45,7 @@ def knob(
             "maximum": maximum,
             "flag": flag,
             "metavar": metavar,
+            "choices": choices,
         },
     )
 
@@ -152,6 +155,13 @@ class KernelConfig:
         "ProtocolError naming the field and the spec section, and not run (needs trikernel[conformance]; "
         "docs/conformance.md)",
     )
+    autoawait: str = knob(
+        "asyncio",
+        "what a cell's top-level await runs on at start (%autoawait switches it later): asyncio, a cell may "
+        "await asyncio and trio alike on the kernel's asyncio loop; trio, pure trio (docs/trio.md)",
+        choices=("asyncio", "trio"),
+        metavar="{asyncio,trio}",
+    )
     message_log: str = knob(
         "", "append one JSON line per message in and out to this file (docs/conformance.md)", metavar="FILE"
     )
@@ -177,6 +187,9 @@ class KernelConfig:
         for f in fields(self):
             low, high = f.metadata.get("minimum"), f.metadata.get("maximum")
             value = getattr(self, f.name)
+            choices = f.metadata.get("choices")
+            if choices is not None and value not in choices:
+                raise ConfigError(f"{flag_of(f)} must be one of {', '.join(choices)}, got {value!r}")
             if (low is None and high is None) or isinstance(value, bool):
                 continue
             if isinstance(value, float) and math.isnan(value):

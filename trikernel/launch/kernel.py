@@ -227,6 +227,11 @@ class Kernel:
         self.io.start()
         if not self.io.wait_ready():
             return 1
+        # imported once the io run answers kernel_info (trio-asyncio, ~10 ms): the
+        # asyncio loop of each user run, cells' default mode, its close grace
+        from trikernel.user import aioloop
+
+        aioloop.configure(autoawait=self.config.autoawait, shutdown_grace=self.config.shutdown_grace)
         try:
             self.user_run.run(self._set_up_user_side, self._user_side_ready)
         except BaseException as exc:

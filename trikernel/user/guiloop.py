@@ -90,8 +90,8 @@ def check_supported(gui: str | None) -> None:
         )
     if gui == "asyncio":
         raise GuiError(
-            "trikernel runs cells in its own trio run, not in an asyncio loop: asyncio code can run with "
-            "trio-asyncio or in a thread (trikernel's docs/trio.md, Limits); nothing was changed"
+            "%gui asyncio is not needed: every cell may await asyncio already, on the kernel's asyncio loop "
+            "inside its trio run (trikernel's docs/trio.md, asyncio beside trio); nothing was changed"
         )
     raise GuiError(f"unknown GUI event loop {gui!r} ({_SUPPORTED_TEXT})")
 

@@ -41,6 +41,9 @@ from IPython.core import page
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
+from trikernel.errors import KernelLoopError
+from trikernel.user import aioloop
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -213,26 +216,43 @@ class KernelMagics(Magics):
 
     @line_magic
     def autoawait(self, parameter_s: str = "") -> None:
-        """Show or switch top-level ``await``: ``%autoawait [on|off|trio]``.
+        """Show or switch top-level ``await``: ``%autoawait [on|off|asyncio|trio]``.
 
-        Every cell runs in trikernel's persistent trio run, so trio is the
-        only loop there is; asyncio, curio or a custom runner cannot be
-        chosen (a UsageError says so, instead of a switch that does nothing).
+        ``asyncio`` (and ``on``, the default unless ``--autoawait trio``): a
+        cell may await asyncio and trio alike, on the kernel's asyncio loop
+        inside its trio run; ``trio``: pure trio, no asyncio adapter on the
+        cells' path; ``off``: no top-level ``await``. curio or a runner of
+        yours cannot be chosen (a UsageError says so, instead of a switch
+        that does nothing). User runs; applies to every shell lane.
         """
-        param = parameter_s.strip()
+        param = parameter_s.strip().lower()
         if not param:
-            print(f"IPython autoawait is `{'on' if self.shell.autoawait else 'off'}`, and set to use `trio`")
+            print(
+                f"IPython autoawait is `{'on' if self.shell.autoawait else 'off'}`, and set to use "
+                f"`{aioloop.mode()}`: {_AUTOAWAIT_MODES[aioloop.mode()]}"
+            )
             return
-        if param.lower() in ("false", "off"):
+        if param in ("false", "off"):
             self.shell.autoawait = False
             return
-        if param.lower() in ("true", "on", "trio"):
+        if param in ("true", "on", "asyncio", "trio"):
+            try:
+                aioloop.set_mode("trio" if param == "trio" else "asyncio")
+            except KernelLoopError as exc:
+                raise UsageError(f"%autoawait {param}: {exc}") from None
             self.shell.autoawait = True
             return
         raise UsageError(
-            f"%autoawait {param}: trikernel runs every cell in its trio run, so only on, off and trio are "
-            "available (for asyncio libraries, use trio-asyncio or anyio)"
+            f"%autoawait {parameter_s.strip()}: trikernel runs every cell in its trio run, beside its asyncio "
+            "loop, so only on, off, asyncio and trio are available"
         )
+
+
+#: what %autoawait says of each mode
+_AUTOAWAIT_MODES = {
+    "asyncio": "cells may await asyncio and trio alike",
+    "trio": "cells run as pure trio (no running asyncio loop in a cell, asyncio futures cannot be awaited)",
+}
 
 
 def _page_file(shell: Any, path: str) -> None:

@@ -31,7 +31,7 @@ from traitlets import Any as TAny
 from traitlets import Instance, Type
 
 from trikernel.errors import GuiError
-from trikernel.user import awaitmagics, cellnames, guiloop, lanestate, tracebacks
+from trikernel.user import aioloop, awaitmagics, cellnames, guiloop, lanestate, tracebacks
 from trikernel.user.history import HistoryManager
 
 if TYPE_CHECKING:
@@ -223,6 +223,22 @@ class TrikernelShell(InteractiveShell):
         pm = self.payload_manager
         assert pm is not None, "IPython shell without a payload manager"
         return pm
+
+    async def run_ast_nodes(
+        self,
+        nodelist: list[Any],
+        cell_name: str,
+        interactivity: str = "last_expr",
+        compiler: Any = compile,
+        result: ExecutionResult | None = None,
+    ) -> Any:
+        """``IPython.core.interactiveshell.InteractiveShell.run_ast_nodes``; a cell that
+        awaits runs inside the kernel's asyncio loop, so it may await asyncio and trio alike,
+        and one that does not runs with no running loop, as in plain Python (user/aioloop.py
+        ``driver_for``, ``run_cell``). The user run's task that runs the cell."""
+        loop = aioloop.driver_for(nodelist, cell_name, autoawait=bool(self.autoawait))
+        cell = super().run_ast_nodes(nodelist, cell_name, interactivity=interactivity, compiler=compiler, result=result)
+        return await (cell if loop is None else aioloop.run_cell(cell, loop))
 
     async def run_line_magic_async(self, magic_name: str, line: str) -> Any:
         """``run_line_magic`` for ``%time``/``%timeit`` whose statement awaits

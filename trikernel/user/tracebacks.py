@@ -42,7 +42,7 @@ log = logging.getLogger("trikernel.tracebacks")
 STR_FAILED = "<exception str() failed>"
 
 #: Packages whose frames are kernel machinery in a user's traceback.
-MACHINERY_PACKAGES = ("trikernel", "trio", "outcome")
+MACHINERY_PACKAGES = ("trikernel", "trio", "outcome", "trio_asyncio")
 
 
 def _safe(value: object, what: str, func: Any = str) -> str:
@@ -120,7 +120,7 @@ class FrameFilter:
         return result
 
 
-#: trikernel, trio, outcome: hidden from every traceback shown to the user.
+#: trikernel, trio, outcome, trio_asyncio: hidden from every traceback shown to the user.
 MACHINERY = FrameFilter(MACHINERY_PACKAGES)
 #: The same plus IPython, for tracebacks formatted by the standard library
 #: (IPython's own formatter already leaves out IPython's frames).
@@ -156,7 +156,7 @@ class TrikernelTB(AutoFormattedTB):
     def get_records(self, etb: TracebackType, context: int, tb_offset: int) -> Any:
         """``IPython.core.ultratb.VerboseTB.get_records`` (Context and Verbose modes): while
         ``skip_hidden`` is true, the frames of :attr:`frame_filter`'s packages (trikernel,
-        trio, outcome) are dropped from ``etb`` first, so IPython never reads their source;
+        trio, outcome, trio_asyncio) are dropped from ``etb`` first, so IPython never reads their source;
         ``[]`` when no frame is left. Otherwise IPython's."""
         if not self.skip_hidden:
             return super().get_records(etb, context, tb_offset)

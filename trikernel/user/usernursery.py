@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from trikernel.user import aioloop
 from trikernel.user.outstream import current_request
 
 if TYPE_CHECKING:
@@ -103,9 +104,10 @@ class UserNursery:
         async def guarded(*args: Any, task_status: Any = trio.TASK_STATUS_IGNORED, **kwargs: Any) -> Any:
             status = _Status(task_status)
             try:
+                # aioloop.run_task: the task may await asyncio too (the asyncio mode)
                 if raise_before_started:
-                    return await fn(*args, task_status=status, **kwargs)
-                return await fn(*args, **kwargs)
+                    return await aioloop.run_task(fn(*args, task_status=status, **kwargs))
+                return await aioloop.run_task(fn(*args, **kwargs))
             except trio.Cancelled:
                 raise
             except BaseException as exc:  # any failure of a user task is shown, never kills the loop

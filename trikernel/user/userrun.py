@@ -240,24 +240,32 @@ class UserRun:
         return True
 
     async def _main(self, setup: Setup, on_ready: Callable[[], None]) -> None:
+        # imported here, in the user run: the io run answers kernel_info meanwhile
+        from trikernel.user import aioloop
+
         if self.on_main_thread:
             self._trio_sigint = self._wrap_sigint(signal.getsignal(signal.SIGINT))  # trio.run installed it
         send, recv = trio.open_memory_channel[Job | _Stop](SEQ_BUFFER)
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
-                if self.on_main_thread:
-                    await _protected_setup(setup, nursery)
-                else:
-                    await _set_up(setup, nursery)
-                self._send = send
-                self.token = trio.lowlevel.current_trio_token()
-                if self.stopping:
-                    # stop() came while IPython was loading (no token then):
-                    # it could not queue _Stop, so the run stops itself
-                    send.send_nowait(_Stop())
-                on_ready()
-                await self._serve_jobs(recv)
+                # the run's asyncio loop (aioloop.py), opened in this main task so
+                # that cells and every task spawned from here on see it; closed
+                # (its tasks cancelled, their finally blocks run) before the
+                # nursery is cancelled
+                async with aioloop.kernel_loop():
+                    if self.on_main_thread:
+                        await _protected_setup(setup, nursery)
+                    else:
+                        await _set_up(setup, nursery)
+                    self._send = send
+                    self.token = trio.lowlevel.current_trio_token()
+                    if self.stopping:
+                        # stop() came while IPython was loading (no token then):
+                        # it could not queue _Stop, so the run stops itself
+                        send.send_nowait(_Stop())
+                    on_ready()
+                    await self._serve_jobs(recv)
                 nursery.cancel_scope.cancel()
         finally:
             self.stopped.set()
