@@ -166,7 +166,9 @@ def _run(argv: list[str]) -> int:
     configure_logging(args.log_level)
     path = args.connection_file
     try:
-        options = sockopts.resolve(args.socket_options or [], os.environ, args.config)
+        options = sockopts.resolve(
+            args.socket_options or [], os.environ, args.config, max_topic_bytes=config.max_topic_bytes
+        )
         raw = load_json_file(path)
         registration = None
         try:

@@ -232,7 +232,9 @@ def launch(argv: Sequence[str]) -> int:
     opts.configure_logging(ns.log_level)
     try:
         args = launch_args(ns)
-        options = sockopts.resolve(ns.socket_options or [], os.environ, ns.config)
+        options = sockopts.resolve(
+            ns.socket_options or [], os.environ, ns.config, max_topic_bytes=config.max_topic_bytes
+        )
         public_key = load_public_key(args.public_key)
         conn = _connection(args)
     except ConfigError as exc:
