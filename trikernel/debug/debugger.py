@@ -326,7 +326,10 @@ class Debugger:
                 if job.error is not None:
                     log.warning("debugpy did not start: %r", job.error)
                     return response(
-                        request, False, message=f"debugpy did not start: {type(job.error).__name__}: {job.error}"
+                        request,
+                        False,
+                        message=f"debugpy did not start: {getattr(job.error, 'ename', type(job.error).__name__)}: "
+                        f"{job.error}",
                     )
                 self._endpoint = job.result
             if not self.is_started:
