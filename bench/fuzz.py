@@ -33,7 +33,7 @@ import psutil
 from jupyter_client.manager import KernelManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from fuzzer import Fuzzer, Peers, generate, load_connection, pick
+from fuzzer import KINDS, Fuzzer, Peers, generate, load_connection, pick
 
 
 class Target:
@@ -99,7 +99,16 @@ class Target:
         return took
 
 
-def run_kernel(name: str, n: int, burst: int, seed: int, logdir: str, seconds: float | None = None) -> dict[str, Any]:
+def run_kernel(
+    name: str,
+    n: int,
+    burst: int,
+    seed: int,
+    logdir: str,
+    seconds: float | None = None,
+    heavy: float = 0.01,
+    only: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
     t = Target(name, logdir)
     stop_at = None if seconds is None else time.monotonic() + seconds
     rnd = random.Random(seed)
@@ -112,14 +121,17 @@ def run_kernel(name: str, n: int, burst: int, seed: int, logdir: str, seconds: f
     while sent < n and (stop_at is None or time.monotonic() < stop_at):
         burst_kinds: Counter[str] = Counter()
         for _ in range(min(burst, n - sent)):
-            kind, channel = pick(rnd, heavy_weight=0.01)
+            kind, channel = pick(rnd, only, heavy_weight=heavy)
             t.peers.send(channel, generate(t.fuzzer, rnd, kind, channel))
             kinds[kind] += 1
             burst_kinds[kind] += 1
             sent += 1
         bursts += 1
         t.peers.drain(20)
-        for sock in t.peers.subscribers:  # what the new subscribers were sent (welcomes): read, never a stall
+        # what the new subscribers and the client's own SUB were sent: read, so that no
+        # subscriber of the harness stalls the kernel's IOPub (it would wait for it
+        # --iopub-send-timeout, and control's status messages with it, past the overdraft)
+        for sock in (*t.peers.subscribers, t.kc.iopub_channel.socket):
             while sock.poll(0):
                 sock.recv_multipart()
         alive = t.km.is_alive()
@@ -160,6 +172,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--seconds", type=float, default=None, help="run this long per kernel instead")
+    ap.add_argument("--heavy-weight", type=float, default=0.01, help="weight of the huge kind (64 MiB frames)")
+    ap.add_argument("--without", nargs="*", default=[], metavar="KIND", help="kinds not sent (e.g. valid huge)")
     ap.add_argument("--burst", type=int, default=500)
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--kernels", nargs="+", default=["trikernel", "python3", "xpython"])
@@ -172,7 +186,8 @@ def main() -> None:
         amount = f"{args.seconds:g} s" if args.seconds is not None else f"{args.messages} messages"
         print(f"fuzzing {name}: {amount}, bursts of {args.burst}, seed {args.seed}", file=sys.stderr)
         n = args.messages if args.seconds is None else 10**9
-        r = run_kernel(name, n, args.burst, args.seed, logdir, args.seconds)
+        kinds = tuple(k for k in KINDS if k not in args.without) if args.without else None
+        r = run_kernel(name, n, args.burst, args.seed, logdir, args.seconds, args.heavy_weight, kinds)
         results.append(r)
         print(json.dumps(r), flush=True)
     print(
