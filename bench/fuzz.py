@@ -1,15 +1,18 @@
 """Long fuzz run: the fuzzer of tests/fuzzer.py against trikernel, ipykernel
 and xeus-python, side by side (issue 17; figures in docs/robustness.md).
 
-Per kernel: N messages (default 100,000) across all five sockets in bursts
-of B (default 500), kinds drawn by a seeded random.Random. After every
+Per kernel: N messages (default 100,000), or as many as fit in
+``--seconds``, across all five sockets in bursts of B (default 500), kinds
+drawn by a seeded random.Random; ``long_subscription`` sends each of its
+topics (1 KiB to 64 KiB) on a new IOPub connection, the last 20 kept open
+(issue 26.1). After every
 burst: is the process alive, does kernel_info on control answer within 5 s
 (else: hung)? A dead or hung kernel is recorded with the kinds of the burst
 that got it and restarted, and the run goes on. Reported: messages sent per
 kind, bursts survived, deaths and hangs, RSS at start / max / end, kernel
 log lines per 1,000 bad messages. Nothing is asserted.
 
-Usage: python bench/fuzz.py [--messages 100000] [--burst 500] [--seed 17]
+Usage: python bench/fuzz.py [--messages 100000 | --seconds 300] [--burst 500] [--seed 17]
        [--kernels trikernel python3 xpython] [--json PATH]
 """
 
@@ -30,7 +33,7 @@ import psutil
 from jupyter_client.manager import KernelManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from fuzzer import Fuzzer, Peers, generate, load_connection, pick
+from fuzzer import KINDS, Fuzzer, Peers, generate, load_connection, pick
 
 
 class Target:
@@ -74,18 +77,40 @@ class Target:
                 return True
         return False
 
-    def stop(self) -> None:
+    def stop(self, graceful: bool = False) -> float | None:
+        """Close the peers and end the kernel; ``graceful``: by shutdown_request, and return
+        the seconds to the process's exit (None: not within 60 s, then killed)."""
         self.peers.close()
+        took = None
+        if graceful and self.km.is_alive():
+            t0 = time.monotonic()
+            self.kc.shutdown()
+            try:
+                self.proc.wait(60)
+                took = time.monotonic() - t0
+            except psutil.TimeoutExpired:
+                pass
         self.kc.stop_channels()
         if self.km.is_alive():
             self.km.shutdown_kernel(now=True)
         self.log.close()
         with open(self.log_path, encoding="utf-8", errors="replace") as f:
             self.log_lines += sum(1 for _ in f)
+        return took
 
 
-def run_kernel(name: str, n: int, burst: int, seed: int, logdir: str) -> dict[str, Any]:
+def run_kernel(
+    name: str,
+    n: int,
+    burst: int,
+    seed: int,
+    logdir: str,
+    seconds: float | None = None,
+    heavy: float = 0.01,
+    only: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
     t = Target(name, logdir)
+    stop_at = None if seconds is None else time.monotonic() + seconds
     rnd = random.Random(seed)
     kinds: Counter[str] = Counter()
     deaths: list[dict[str, Any]] = []
@@ -93,16 +118,22 @@ def run_kernel(name: str, n: int, burst: int, seed: int, logdir: str) -> dict[st
     rss_max = rss0
     sent = bursts = survived = 0
     t0 = time.monotonic()
-    while sent < n:
+    while sent < n and (stop_at is None or time.monotonic() < stop_at):
         burst_kinds: Counter[str] = Counter()
         for _ in range(min(burst, n - sent)):
-            kind, channel = pick(rnd, heavy_weight=0.01)
+            kind, channel = pick(rnd, only, heavy_weight=heavy)
             t.peers.send(channel, generate(t.fuzzer, rnd, kind, channel))
             kinds[kind] += 1
             burst_kinds[kind] += 1
             sent += 1
         bursts += 1
         t.peers.drain(20)
+        # what the new subscribers and the client's own SUB were sent: read, so that no
+        # subscriber of the harness stalls the kernel's IOPub (it would wait for it
+        # --iopub-send-timeout, and control's status messages with it, past the overdraft)
+        for sock in (*t.peers.subscribers, t.kc.iopub_channel.socket):
+            while sock.poll(0):
+                sock.recv_multipart()
         alive = t.km.is_alive()
         ok = alive and t.answers(5.0)
         rss_max = max(rss_max, t.rss())
@@ -117,7 +148,7 @@ def run_kernel(name: str, n: int, burst: int, seed: int, logdir: str) -> dict[st
     rss_end = t.rss()
     time.sleep(3.0)  # idle: trikernel's heap.py returns the rest of the last burst within 1 s
     rss_idle = t.rss()
-    t.stop()
+    shutdown = t.stop(graceful=True)
     bad = sent - kinds["valid"]
     return {
         "kernel": name,
@@ -131,6 +162,7 @@ def run_kernel(name: str, n: int, burst: int, seed: int, logdir: str) -> dict[st
         "rss_max_mib": round(rss_max / 2**20, 1),
         "rss_end_mib": round(rss_end / 2**20, 1),
         "rss_idle_mib": round(rss_idle / 2**20, 1),
+        "shutdown_s": None if shutdown is None else round(shutdown, 2),
         "log_lines": t.log_lines,
         "log_lines_per_1000_bad": round(1000 * t.log_lines / max(1, bad), 2),
     }
@@ -139,6 +171,9 @@ def run_kernel(name: str, n: int, burst: int, seed: int, logdir: str) -> dict[st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=100_000)
+    ap.add_argument("--seconds", type=float, default=None, help="run this long per kernel instead")
+    ap.add_argument("--heavy-weight", type=float, default=0.01, help="weight of the huge kind (64 MiB frames)")
+    ap.add_argument("--without", nargs="*", default=[], metavar="KIND", help="kinds not sent (e.g. valid huge)")
     ap.add_argument("--burst", type=int, default=500)
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--kernels", nargs="+", default=["trikernel", "python3", "xpython"])
@@ -148,20 +183,23 @@ def main() -> None:
     logdir = tempfile.mkdtemp(prefix="fuzz-logs-")
     results = []
     for name in args.kernels:
-        print(f"fuzzing {name}: {args.messages} messages, bursts of {args.burst}, seed {args.seed}", file=sys.stderr)
-        r = run_kernel(name, args.messages, args.burst, args.seed, logdir)
+        amount = f"{args.seconds:g} s" if args.seconds is not None else f"{args.messages} messages"
+        print(f"fuzzing {name}: {amount}, bursts of {args.burst}, seed {args.seed}", file=sys.stderr)
+        n = args.messages if args.seconds is None else 10**9
+        kinds = tuple(k for k in KINDS if k not in args.without) if args.without else None
+        r = run_kernel(name, n, args.burst, args.seed, logdir, args.seconds, args.heavy_weight, kinds)
         results.append(r)
         print(json.dumps(r), flush=True)
     print(
         "\n| kernel | messages | s | bursts survived | deaths/hangs "
-        "| RSS start/max/end/idle MiB | log lines per 1000 bad |"
+        "| RSS start/max/end/idle MiB | shutdown s | log lines per 1000 bad |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         print(
             f"| {r['kernel']} | {r['messages']} | {r['seconds']} | {r['bursts_survived']}/{r['bursts']} | "
             f"{len(r['deaths'])} | {r['rss_start_mib']}/{r['rss_max_mib']}/{r['rss_end_mib']}/{r['rss_idle_mib']} | "
-            f"{r['log_lines_per_1000_bad']} |"
+            f"{r['shutdown_s'] if r['shutdown_s'] is not None else '> 60'} | {r['log_lines_per_1000_bad']} |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")

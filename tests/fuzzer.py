@@ -354,6 +354,13 @@ class Fuzzer:
             frames.append(rnd.randbytes(8))
         return frames
 
+    def k_long_subscription(self, rnd: random.Random, channel: str) -> list[bytes]:
+        """A subscription around and far past --max-topic-bytes (issue 26.1), sent by a
+        new subscriber of its own (:data:`NEW_SUBSCRIBER`): 1024 is welcomed, 1025-1033
+        reach libzmq without a welcome (a ZMTP 3.0 frame), 1034 on cost the connection."""
+        size = rnd.choice([1024, 1025, 1033, 1034, 4096, 1 << 16, 1 << 16])
+        return [b"\x01" + rnd.randbytes(size)]
+
     def k_hb_bytes(self, rnd: random.Random, channel: str) -> list[bytes]:
         return [rnd.randbytes(rnd.choice([0, 1, 8, 1000, 1 << 16])) for _ in range(rnd.randint(1, 3))]
 
@@ -378,10 +385,17 @@ KINDS: dict[str, tuple[Generator, tuple[str, ...]]] = {
     "date_poison": (Fuzzer.k_date_poison, MESSAGE_CHANNELS),
     "shutdown_garbage": (Fuzzer.k_shutdown_garbage, ("shell", "control")),
     "subscription": (Fuzzer.k_subscription, ("iopub",)),
+    "long_subscription": (Fuzzer.k_long_subscription, ("iopub+",)),
     "hb_bytes": (Fuzzer.k_hb_bytes, ("hb",)),
 }
 #: kinds that cost the kernel real work per message (kept rarer in long runs)
 HEAVY = frozenset({"huge"})
+
+
+#: The pseudo-channel of :meth:`Peers.send` that sends on a new IOPub connection.
+NEW_SUBSCRIBER = "iopub+"
+#: New IOPub connections :class:`Peers` keeps open at most; the oldest is closed past it.
+MAX_SUBSCRIBERS = 20
 
 
 class Peers:
@@ -389,7 +403,9 @@ class Peers:
 
     DEALER on shell/control/stdin/hb, XSUB on iopub (it may send any frame
     upstream). Everything the kernel sends back is read and thrown away, so
-    the fuzzer is never a slow subscriber.
+    the fuzzer is never a slow subscriber. :data:`NEW_SUBSCRIBER` sends on a
+    new XSUB of its own instead, kept open among the last
+    :data:`MAX_SUBSCRIBERS` (subscribers come and go, as in issue 26.1).
     """
 
     def __init__(self, conn: dict[str, Any], ctx: zmq.Context[Any] | None = None):
@@ -407,12 +423,28 @@ class Peers:
         self.poller = zmq.Poller()
         for s in self.socks.values():
             self.poller.register(s, zmq.POLLIN)
+        self._iopub_url = f"{transport}://{ip}:{conn['iopub_port']}"
+        self.subscribers: list[zmq.Socket[Any]] = []
 
     def send(self, channel: str, frames: list[bytes]) -> None:
         if not frames:
             frames = [b""]
+        if channel == NEW_SUBSCRIBER:
+            self._send_new_subscriber(frames)
+            return
         self.socks[channel].send_multipart(frames, copy=len(frames) < 16)
         self.drain(0)
+
+    def _send_new_subscriber(self, frames: list[bytes]) -> None:
+        s = self.ctx.socket(zmq.XSUB)
+        s.linger = 0
+        s.sndhwm = 0
+        s.rcvhwm = 1  # it never reads: the kernel's SNDHWM and the fallback handle it
+        s.connect(self._iopub_url)
+        s.send_multipart(frames)
+        self.subscribers.append(s)
+        if len(self.subscribers) > MAX_SUBSCRIBERS:
+            self.subscribers.pop(0).close(0)
 
     def drain(self, timeout_ms: int = 0) -> None:
         for sock, _ in self.poller.poll(timeout_ms):
@@ -430,7 +462,7 @@ class Peers:
             self.drain(50)
 
     def close(self) -> None:
-        for s in self.socks.values():
+        for s in [*self.socks.values(), *self.subscribers]:
             s.close(0)
 
 

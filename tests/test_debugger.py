@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -560,23 +559,134 @@ def test_kernel_serves_while_stopped(session: Debug) -> None:
     session.ok("setBreakpoints", {"breakpoints": [], "source": {"path": path}})
 
 
-def test_inspect_variables_while_a_cell_runs(session: Debug) -> None:
+def _control_reply_first(session: Debug, pending: str) -> None:
+    """kernel_info on control is answered while the debug request ``pending`` is
+    still unanswered: its reply is the next control message (ordering, not time)."""
+    ki = session.kc.session.msg("kernel_info_request")
+    session.kc.control_channel.send(ki)
+    first = session.kc.get_control_msg(timeout=TIMEOUT)
+    assert first["parent_header"]["msg_id"] == ki["header"]["msg_id"], first["msg_type"]
+    assert pending not in session.early
+
+
+def test_inspect_variables_while_a_cell_runs_waits_for_it(session: Debug, tmp_path: Any) -> None:
+    """Issue 26.2: the listing is taken in the user run, so while a cell computes
+    it waits for the cell (docs/debugger.md, "While a cell runs") and lists the
+    values the cell left; control answers meanwhile."""
+    flag = tmp_path / "go"
     session.run("inspected_name = 41")
     cell = session.kc.execute(
-        "import time\nprint('STARTED', flush=True)\nt = time.monotonic()\nwhile time.monotonic() - t < 3: pass"
+        f"import os\nprint('STARTED', flush=True)\nwhile not os.path.exists({str(flag)!r}): pass\ninspected_name = 42"
     )
     while not any(m["msg_type"] == "stream" and "STARTED" in m["content"]["text"] for m in session.iopub):
         session._pull(time.monotonic() + TIMEOUT)
-    r = session.ok("inspectVariables")
+    pending, _ = session.send("inspectVariables")
+    _control_reply_first(session, pending)
+    flag.write_text("")
+    r = session.reply(pending)
+    assert r["success"], r
     names = {v["name"]: v for v in r["body"]["variables"]}
-    assert names["inspected_name"]["value"] == "41"
+    assert names["inspected_name"]["value"] == "42"  # taken after the cell
     assert "get_ipython" not in names
     assert "In" not in names
-    with pytest.raises(queue.Empty):  # the cell was still running when the reply came
-        session.kc.get_shell_msg(timeout=0)
     rich = session.ok("richInspectVariables", {"variableName": "inspected_name"})
-    assert rich["body"]["data"]["text/plain"] == "41"
+    assert rich["body"]["data"]["text/plain"] == "42"
     assert session.execute_reply(cell)["status"] == "ok"
+
+
+SLOW_REPR = (
+    "import time\n"
+    "class Slow:\n"
+    "    def __repr__(self):\n"
+    "        print('IN_REPR', flush=True)\n"
+    "        time.sleep(10)\n"
+    "        return 'slow'\n"
+    "    _repr_html_ = __repr__\n"
+    "slow = Slow()\n"
+)
+
+
+def test_a_slow_repr_costs_its_request_not_the_kernel(fresh: Debug) -> None:
+    """A 10 s ``__repr__`` in user_ns: control answers while an inspectVariables and a
+    richInspectVariables wait for it (before, the repr ran on the io thread and
+    control, shell, stdin and IOPub stopped for 10 s); an interrupt ends the repr,
+    and then a running cell."""
+    fresh.start()
+    marker = fresh.kc.execute(SLOW_REPR + "print('DEFINED')")
+    assert fresh.execute_reply(marker)["status"] == "ok"
+    pending, _ = fresh.send("inspectVariables")
+    _control_reply_first(fresh, pending)
+    r = fresh.reply(pending)  # within the deadline of the panel, the repr still running
+    assert r["success"], r
+    assert [v["name"] for v in r["body"]["variables"]] == ["…"]  # nothing listed before: a placeholder
+    pending, _ = fresh.send("richInspectVariables", {"variableName": "slow"})
+    _control_reply_first(fresh, pending)
+    r = fresh.reply(pending)
+    assert r["success"] is False  # the first repr still runs: this one could not wait for it
+    # once the rich job's own repr runs (the second IN_REPR), an interrupt ends it
+    # (a job of the user run is interrupted as a cell is)
+    while _printed(fresh, "IN_REPR") < 2:
+        fresh._pull(time.monotonic() + TIMEOUT)
+    fresh.km.interrupt_kernel()
+    cell = fresh.kc.execute("print('STARTED', flush=True)\nimport time\nwhile True: time.sleep(0.01)")
+    while not any(m["msg_type"] == "stream" and "STARTED" in m["content"]["text"] for m in fresh.iopub):
+        fresh._pull(time.monotonic() + TIMEOUT)
+    pending, _ = fresh.send("inspectVariables")
+    _control_reply_first(fresh, pending)
+    fresh.km.interrupt_kernel()
+    reply = fresh.execute_reply(cell)
+    assert reply["status"] == "error"
+    assert reply["ename"] == "KeyboardInterrupt"
+    assert fresh.reply(pending)["success"]  # the listing, or a placeholder past the deadline
+    assert _printed(fresh, "IN_REPR") <= 3  # the interrupted rich job formatted nothing more
+
+
+def _printed(session: Debug, text: str) -> int:
+    return sum(text in m["content"]["text"] for m in session.iopub if m["msg_type"] == "stream")
+
+
+def test_a_raising_repr_gives_a_placeholder(session: Debug) -> None:
+    code = (
+        "class Bad:\n"
+        "    def __repr__(self): raise ValueError('no repr')\n"
+        "    def _repr_html_(self): raise ValueError('no html')\n"
+        "class NoClass:\n"
+        "    @property\n"
+        "    def __class__(self): raise RuntimeError('no class')\n"
+        "    @property\n"
+        "    def __dict__(self): raise RuntimeError('no dict')\n"
+        "bad, no_class, fine = Bad(), NoClass(), [1, 2]\n"
+    )
+    assert session.run(code)["status"] == "ok"
+    names = {v["name"]: v for v in session.ok("inspectVariables")["body"]["variables"]}
+    assert names["bad"]["value"] == "<repr failed: ValueError>"
+    assert names["bad"]["type"] == "Bad"
+    assert names["no_class"]["value"].startswith("<repr failed: RuntimeError>"), names["no_class"]
+    assert names["fine"]["value"] == "[1, 2]"
+    children = session.ok("variables", {"variablesReference": names["fine"]["variablesReference"]})
+    assert [v["value"] for v in children["body"]["variables"]] == ["1", "2"]
+    rich = session.ok("richInspectVariables", {"variableName": "bad"})
+    assert rich["body"]["data"]["text/plain"] == "<repr failed>"
+    assert "text/html" not in rich["body"]["data"]
+
+
+def test_objects_the_panel_held_are_released_in_the_user_run(session: Debug) -> None:
+    """The Variables panel keeps references to what it listed (for ``variables``);
+    the last one dropped runs ``__del__``: in the user run, never on the io thread."""
+    code = (
+        "import threading\n"
+        "where = []\n"
+        "class Canary:\n"
+        "    def __init__(self): self.x = 1\n"
+        "    def __del__(self): where.append(threading.current_thread().name)\n"
+        "canary = Canary()\n"
+    )
+    assert session.run(code)["status"] == "ok"
+    names = {v["name"]: v for v in session.ok("inspectVariables")["body"]["variables"]}
+    assert names["canary"]["variablesReference"] > 0  # held by the panel
+    assert session.run("del canary")["status"] == "ok"
+    session.ok("inspectVariables")  # a new listing drops the old references
+    assert session.run("assert where == ['MainThread'], where")["status"] == "ok"
 
 
 def test_modules_and_source(session: Debug) -> None:

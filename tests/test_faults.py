@@ -383,10 +383,66 @@ def test_curve_warning_beyond_loopback_is_one_warning_line(tmp_path: Any) -> Non
         assert "CurveZMQ keys absent" in line, line
         assert "WARNING" in line, line
         assert "0.0.0.0" in line, line
+        assert "may subscribe without a key" in line, line  # names what an open IOPub port exposes (issue 26.1)
         assert "Traceback" not in line
     finally:
         proc.terminate()
         proc.wait(TIMEOUT)
+
+
+def _start_up_lines(tmp_path: Any, content: dict[str, Any], mode: int) -> list[str]:
+    """The kernel's log lines up to its CurveZMQ line (at info level on loopback),
+    started on a file with ``content`` and ``mode``; the kernel is then stopped."""
+    conn = tmp_path / "conn.json"
+    conn.write_text(json.dumps(content))
+    conn.chmod(mode)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trikernel", "-f", str(conn), "--log-level", "INFO", "--handshake-timeout", "1"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        cwd=str(tmp_path),
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            lines.append(line)
+            if "CurveZMQ" in line or not line:
+                break
+    finally:
+        proc.terminate()
+        proc.wait(TIMEOUT)
+    assert "CurveZMQ keys absent" in lines[-1], lines
+    return lines
+
+
+KEYED = {"ip": "127.0.0.1", "transport": "tcp", "key": "k", "signature_scheme": "hmac-sha256"}
+
+
+@pytest.mark.parametrize(
+    ("content", "what"),
+    [(KEYED, "connection file"), ({**KEYED, "registration_port": 9}, "registration file")],
+    ids=["connection", "registration"],
+)
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+def test_a_key_file_others_can_read_is_one_warning_line(tmp_path: Any, content: Any, what: str, mode: int) -> None:
+    """Issue 26.1: a connection or registration file with the key that its group or
+    others can read: one warning line at start-up, naming the file and its mode."""
+    lines = _start_up_lines(tmp_path, content, mode)
+    warned = [ln for ln in lines if "others can read it" in ln]
+    assert len(warned) == 1, lines
+    assert "WARNING" in warned[0]
+    assert f"{what} {tmp_path / 'conn.json'} holds the key" in warned[0]
+    assert f"(mode {mode:04o})" in warned[0]
+
+
+@pytest.mark.parametrize("content", [KEYED, {**KEYED, "key": ""}], ids=["keyed-0600", "no-key-0644"])
+def test_a_private_or_keyless_file_gets_no_such_warning(tmp_path: Any, content: Any) -> None:
+    lines = _start_up_lines(tmp_path, content, 0o600 if content["key"] else 0o644)
+    assert not [ln for ln in lines if "others can read" in ln], lines
 
 
 def test_a_cell_and_its_thread_wait_for_input_at_once(jupyter_path: str) -> None:

@@ -36,6 +36,7 @@ from trikernel.protocol.messages import MessageBuilder as Session
 from trikernel.protocol.wire import Message, Signer, deserialize
 from trikernel.server.iopubqueue import IO_OVERDRAFT, IOPubQueue, IOPubStats
 from trikernel.server.iopubtask import IOPubTask
+from trikernel.server.subscribers import iopub_maxmsgsize
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -88,8 +89,8 @@ class Rig:
         for s in self.subs:
             s.close(linger=0)
         self.xpub.close(linger=0)
-        if self.publisher._monitor is not None:
-            self.publisher._monitor.close(linger=0)
+        if self.publisher.subscribers.monitor is not None:
+            self.publisher.subscribers.monitor.close(linger=0)
         self.ctx.term()
 
 
@@ -110,6 +111,7 @@ def make_rig(
     x.sndhwm = sndhwm
     x.setsockopt(zmq.XPUB_NODROP, 1)
     x.setsockopt(zmq.XPUB_VERBOSE, 1)
+    x.setsockopt(zmq.MAXMSGSIZE, iopub_maxmsgsize(1024))  # the kernel's default (sockopts.DEFAULTS)
     x.linger = 0
     if sndbuf is not None:  # small OS buffer: a non-reading subscriber fills up after few messages
         x.sndbuf = sndbuf

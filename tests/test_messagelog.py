@@ -425,6 +425,7 @@ def test_a_flood_with_the_writer_stuck_is_served_and_accounted(jupyter_path: str
 def test_a_log_file_that_cannot_be_opened_stops_start_up(tmp_path: Any) -> None:
     conn = tmp_path / "conn.json"
     conn.write_text(json.dumps({"key": KEY, "transport": "tcp", "ip": "127.0.0.1"}))
+    conn.chmod(0o600)  # as jupyter_client writes it: a key file others can read is a warning line of its own
     bad = tmp_path / "no-such-dir" / "log.jsonl"
     r = subprocess.run(
         [sys.executable, "-m", "trikernel", "-f", str(conn), "--message-log", str(bad)],

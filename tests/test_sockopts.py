@@ -70,7 +70,7 @@ def test_defaults_match_documented_table() -> None:
     o = opts()
     for chan in CHANNELS:
         assert eff(o, chan) == dict(DEFAULTS[chan])
-    assert eff(o, "iopub") == {"LINGER": 1000, "SNDHWM": 10000, "XPUB_NODROP": 1, "XPUB_VERBOSE": 1}
+    assert eff(o, "iopub") == {"LINGER": 1000, "MAXMSGSIZE": 1034, "SNDHWM": 10000, "XPUB_NODROP": 1, "XPUB_VERBOSE": 1}
     for chan in ("shell", "control", "stdin", "hb"):
         assert eff(o, chan) == {"LINGER": 1000, "ROUTER_HANDOVER": 0}
     assert o.as_argv() == []
@@ -96,7 +96,7 @@ def test_socket_options_is_frozen_and_hashable() -> None:
 def test_describe_line_format() -> None:
     o = opts("iopub.SNDHWM=20000")
     assert o.describe("iopub") == (
-        "effective socket options for iopub: LINGER=1000 SNDHWM=20000 XPUB_NODROP=1 XPUB_VERBOSE=1"
+        "effective socket options for iopub: LINGER=1000 MAXMSGSIZE=1034 SNDHWM=20000 XPUB_NODROP=1 XPUB_VERBOSE=1"
     )
 
 
@@ -417,6 +417,45 @@ def test_empty_env_is_defaults() -> None:
     assert resolve(None, {"OTHER": "x"}, None) == opts()
 
 
+# --------------------------------------------------------------------------- iopub MAXMSGSIZE (issue 26.1)
+
+
+def test_iopub_maxmsgsize_default_follows_max_topic_bytes() -> None:
+    o = resolve([], {}, None, max_topic_bytes=4096)
+    assert eff(o, "iopub")["MAXMSGSIZE"] == 4106
+    assert o.source_of("iopub", "MAXMSGSIZE") == "default"
+    assert o.as_argv() == []  # computed at start-up, never baked into a kernelspec
+    assert eff(resolve([], {}, None, max_topic_bytes=0), "iopub")["MAXMSGSIZE"] == 1024
+    assert "MAXMSGSIZE" not in eff(o, "shell")
+
+
+def test_iopub_maxmsgsize_below_the_bound_is_one_line_error() -> None:
+    with pytest.raises(ConfigError) as exc:
+        resolve(["iopub.MAXMSGSIZE=500"], {}, None, max_topic_bytes=1024)
+    text = str(exc.value)
+    assert text.startswith("socket option iopub.MAXMSGSIZE=500 (--socket-option): below 1034")
+    assert "\n" not in text
+    with pytest.raises(ConfigError, match=r"iopub\.MAXMSGSIZE=2000 .*below 4106"):  # a * entry reaches iopub too
+        resolve([], {ENV_VAR: "*.MAXMSGSIZE=2000"}, None, max_topic_bytes=4096)
+
+
+@pytest.mark.parametrize("spec", ["iopub.MAXMSGSIZE=-1", "*.MAXMSGSIZE=1000000"])
+def test_iopub_maxmsgsize_above_the_bound_is_taken_with_a_warning(spec: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="trikernel.sockopts"):
+        o = resolve([spec], {}, None, max_topic_bytes=1024)
+    assert eff(o, "iopub")["MAXMSGSIZE"] == int(spec.split("=")[1])
+    (line,) = [r.getMessage() for r in caplog.records if "MAXMSGSIZE" in r.getMessage()]
+    assert "reach libzmq's topic tree" in line
+    assert "the default is 1034" in line
+
+
+def test_iopub_maxmsgsize_at_the_bound_is_quiet(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="trikernel.sockopts"):
+        o = resolve(["iopub.MAXMSGSIZE=1034"], {}, None, max_topic_bytes=1024)
+    assert eff(o, "iopub")["MAXMSGSIZE"] == 1034
+    assert not caplog.records
+
+
 def test_zero_hwm_warns(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING", logger="trikernel.sockopts"):
         opts("iopub.SNDHWM=0")
@@ -543,7 +582,7 @@ def test_defaults_in_effect_on_bound_socket(ctx: zmq.Context[zmq.Socket[bytes]],
     got = read_back(sock, channel, o)
     assert got["LINGER"] == 1000
     if channel == "iopub":
-        assert got == {"LINGER": 1000, "SNDHWM": 10000}
+        assert got == {"LINGER": 1000, "MAXMSGSIZE": 1034, "SNDHWM": 10000}
 
 
 def test_bindtodevice_is_set_as_bytes(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
@@ -558,7 +597,10 @@ def test_apply_logs_effective_line(ctx: zmq.Context[zmq.Socket[bytes]], caplog: 
     with caplog.at_level("DEBUG", logger="trikernel.sockopts"):
         apply_options(ctx.socket(zmq.XPUB), "iopub", o)
     lines = [r.getMessage() for r in caplog.records]
-    assert "effective socket options for iopub: LINGER=1000 SNDHWM=777 XPUB_NODROP=1 XPUB_VERBOSE=1" in lines
+    assert (
+        "effective socket options for iopub: LINGER=1000 MAXMSGSIZE=1034 SNDHWM=777 XPUB_NODROP=1 XPUB_VERBOSE=1"
+        in lines
+    )
     assert any("SNDHWM<---socket-option" in line for line in lines)
 
 

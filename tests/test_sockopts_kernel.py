@@ -296,7 +296,13 @@ def test_env_and_config_sources_and_precedence(start_kernel, tmp_path: Path) -> 
 @pytest.mark.timeout(120)
 def test_defaults_logged_without_options(start_kernel) -> None:  # type: ignore[no-untyped-def]
     eff = start_kernel().effective_lines()
-    assert eff["iopub"] == {"LINGER": "1000", "SNDHWM": "10000", "XPUB_NODROP": "1", "XPUB_VERBOSE": "1"}
+    assert eff["iopub"] == {
+        "LINGER": "1000",
+        "MAXMSGSIZE": "1034",
+        "SNDHWM": "10000",
+        "XPUB_NODROP": "1",
+        "XPUB_VERBOSE": "1",
+    }
     for chan in ("shell", "control", "stdin", "hb"):
         assert eff[chan] == {"LINGER": "1000", "ROUTER_HANDOVER": "0"}
 

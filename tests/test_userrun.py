@@ -34,7 +34,7 @@ import pytest
 import trio
 
 from trikernel.core.job import Job
-from trikernel.errors import KernelShuttingDown
+from trikernel.errors import JobFailed, KernelShuttingDown
 from trikernel.user import userrun
 from trikernel.user.userrun import SEQ_BUFFER, UserRun
 
@@ -213,9 +213,84 @@ def test_a_failing_job_reports_its_error_and_the_lane_serves_on() -> None:
 
     async def script(io: IoSide) -> None:
         failed = await io.run(fail)
-        assert isinstance(failed.error, ValueError)
+        assert isinstance(failed.error, JobFailed)
+        assert (failed.error.ename, str(failed.error)) == ("ValueError", "in the job")
         assert failed.result is None
         assert (await io.run(ok)).result == 42
+
+    drive(script)
+
+
+def test_nothing_of_a_failed_job_reaches_the_io_run() -> None:
+    """Issue 26.2: the error of a job is made plain in the user run. Its ``__str__``
+    (the user's code) runs there, and its frames' locals are released there, so their
+    ``__del__`` never runs on the io thread; a KeyboardInterrupt loses its frames too."""
+    where: dict[str, str] = {}
+
+    class Canary:
+        def __del__(self) -> None:
+            where["__del__"] = threading.current_thread().name
+
+    class UsersError(Exception):
+        def __str__(self) -> str:
+            where["__str__"] = threading.current_thread().name
+            return "told in the user run"
+
+    async def fail() -> None:
+        canary = Canary()  # noqa: F841 - held by the frame only
+        raise UsersError
+
+    async def interrupted() -> None:
+        canary = Canary()  # noqa: F841
+        raise KeyboardInterrupt
+
+    async def script(io: IoSide) -> None:
+        job = await io.run(fail)
+        assert isinstance(job.error, JobFailed)
+        assert (job.error.ename, str(job.error)) == ("UsersError", "told in the user run")
+        assert job.error.__traceback__ is None
+        assert where == {"__str__": "MainThread", "__del__": "MainThread"}
+        where.clear()
+        job = await io.run(interrupted)
+        assert isinstance(job.error, KeyboardInterrupt)
+        assert job.error.__traceback__ is None
+        assert where == {"__del__": "MainThread"}
+
+    drive(script)
+
+
+def test_a_reply_left_to_the_io_run_is_plain_data() -> None:
+    """A reply the job's thread did not send is serialised by the io run: its content is
+    turned into plain JSON data in the user run first, so ``tolist`` / ``__int__`` of a
+    user object never run on the io thread; content that is no JSON data becomes an error."""
+    where: list[str] = []
+
+    class ArrayLike:
+        def tolist(self) -> list[int]:
+            where.append(threading.current_thread().name)
+            return [1, 2]
+
+    class NotSent:
+        def reply_from_thread(self, content: Any) -> bool:
+            return False
+
+    async def reply() -> dict[str, Any]:
+        return {"status": "ok", "value": ArrayLike(), "pair": (1, 2)}
+
+    async def bad() -> dict[str, Any]:
+        return {"status": "ok", "execution_count": 3, "value": object()}
+
+    async def script(io: IoSide) -> None:
+        job = Job(reply, NotSent())
+        io.user_run.start_job_soon(job)
+        await io.done(job)
+        assert job.result == {"status": "ok", "value": [1, 2], "pair": [1, 2]}
+        assert where == ["MainThread"]
+        job = Job(bad, NotSent())
+        io.user_run.start_job_soon(job)
+        await io.done(job)
+        assert job.result["status"] == "error"
+        assert job.result["execution_count"] == 3
 
     drive(script)
 
@@ -1003,9 +1078,10 @@ class ThreadReply:
         self.send = send
         self.replied = False
 
-    def reply_from_thread(self, content: Any) -> None:
+    def reply_from_thread(self, content: Any) -> bool:
         self.send(content)
         self.replied = True
+        return True
 
 
 def test_a_job_reply_is_sent_in_the_user_run_before_the_io_run_is_told() -> None:
@@ -1071,7 +1147,7 @@ def test_no_reply_from_the_user_run_for_a_job_that_raised() -> None:
         job = Job(fn, ctx)  # type: ignore[arg-type]
         io.user_run.start_job_soon(job)
         await io.done(job)
-        assert isinstance(job.error, ValueError)
+        assert isinstance(job.error, JobFailed)
         assert not ctx.replied
 
     drive(script)

@@ -6,8 +6,8 @@
   with a message naming the field.
 - ``HandshakeError``: the JEP 66 registration failed (no ack, bad ack).
 - ``BindError``: a port could not be bound on this host.
-- ``JobInterrupted``, ``KernelShuttingDown``: how a job in the user run
-  ended, as seen from the io run (kernel-internal).
+- ``JobInterrupted``, ``KernelShuttingDown``, ``JobFailed``: how a job in
+  the user run ended, as seen from the io run (kernel-internal).
 - ``InputNotDelivered``: an ``input_request`` could not reach the client's
   stdin channel in time; ``input()`` raises IPython's
   StdinNotImplementedError for it (user/interpreter.py).
@@ -70,6 +70,22 @@ class JobInterrupted(TrikernelError):
 
 class KernelShuttingDown(TrikernelError):
     """A job was submitted to, or cancelled in, a user run that is stopping."""
+
+
+class JobFailed(TrikernelError):
+    """A job in the user run raised: what the io run gets instead of the exception.
+
+    ``ename`` is the error's type name, the message its text, ``detail`` its
+    traceback as text; all taken in the user run (core/job.py). The
+    exception itself never reaches the io thread: its ``__str__`` is code
+    of the user's, and its frames hold user objects whose ``__del__`` would
+    run where the last reference goes.
+    """
+
+    def __init__(self, ename: str, evalue: str, detail: str = "") -> None:
+        super().__init__(evalue)
+        self.ename = ename
+        self.detail = detail
 
 
 class InputNotDelivered(TrikernelError):

@@ -105,21 +105,25 @@ class RequestContext:
         self._early = (metadata, when)
         return True
 
-    def reply_from_thread(self, content: Any) -> None:
+    def reply_from_thread(self, content: Any) -> bool:
         """The job returned ``content``: send the reply now and queue idle
         behind it, if :meth:`reply_early` allowed it and ``when`` agrees.
         Idle is left to the io run when the IOPub queue has neither credit
         nor overdraft (it then waits for one).
+
+        Returns:
+            Whether the reply left (or was undeliverable: counted, logged);
+            False leaves it to the io run.
 
         Runs on: the thread that ran the request's job, before the io run is
         told the job is done.
         """
         early = self._early
         if early is None or not isinstance(content, dict):
-            return
+            return False
         metadata, when = early
         if when is not None and not when(content):
-            return
+            return False
         reply = self._builder.reply(self.msg, content, metadata=metadata(content) if metadata else None)
         self._transport.send(self.channel, reply)  # or undeliverable: counted, logged
         self.replied = True
@@ -130,6 +134,7 @@ class RequestContext:
             idle = False
         if idle:
             self.idle_sent = True
+        return True
 
     def reply(self, content: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:
         """Send the reply unless it has left already (io run; never blocks)."""

@@ -34,7 +34,7 @@ from trikernel.core.job import Job
 from trikernel.core.lanes import AbortWindow, Lanes, Queued, SequentialLane
 from trikernel.core.routes import Lane
 from trikernel.core.table import REFUSED, route_of
-from trikernel.errors import JobInterrupted, KernelShuttingDown, ProtocolError
+from trikernel.errors import JobFailed, JobInterrupted, KernelShuttingDown, ProtocolError
 from trikernel.protocol.strict import Refused
 
 if TYPE_CHECKING:
@@ -268,10 +268,10 @@ class KernelCore:
                 reply = self._error_reply(msg, exc)
             except Exception as exc:  # odd content (history n="x") or a bug: never ends the channel task
                 # counted and logged at a bounded rate (a peer could repeat it
-                # forever); the traceback at debug level
-                log.debug("%s: %s failed", channel, msg.msg_type, exc_info=True)
+                # forever); the traceback at debug level (a job's: taken in the user run)
+                log.debug("%s: %s failed %s", channel, msg.msg_type, getattr(exc, "detail", ""), exc_info=True)
                 self._d.bad_input.record(
-                    channel, "request_failed", f"{msg.msg_type} failed: {type(exc).__name__}: {short(str(exc))}"
+                    channel, "request_failed", f"{msg.msg_type} failed: {_ename(exc)}: {short(str(exc))}"
                 )
                 reply = self._error_reply(msg, exc)
             if reply is not None:
@@ -282,7 +282,7 @@ class KernelCore:
             reply.after()
 
     def _error_reply(self, msg: Message, exc: BaseException) -> Reply | None:
-        ename = "KeyboardInterrupt" if isinstance(exc, JobInterrupted) else type(exc).__name__
+        ename = "KeyboardInterrupt" if isinstance(exc, JobInterrupted) else _ename(exc)
         return control.request_error(self, msg.msg_type, ename, str(exc))
 
     # -- lanes -------------------------------------------------------------------------
@@ -423,3 +423,8 @@ async def _when_set(event: trio.Event) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
     else:
         await event.wait()
+
+
+def _ename(exc: BaseException) -> str:
+    """The error name a reply gives: a job's own (``JobFailed.ename``), else the exception's type."""
+    return exc.ename if isinstance(exc, JobFailed) else type(exc).__name__

@@ -1,13 +1,12 @@
 """The Debug Adapter Protocol side of the debugger: the connection to
-debugpy's adapter, and the DAP bodies the kernel builds itself.
+debugpy's adapter.
 
 Runs on: the io thread's trio run only (debugger.py says which part of the
 debugger runs where). :class:`DapClient` speaks DAP's base protocol
 (``Content-Length`` header, JSON body) over a trio stream and matches each
 response to its request by ``request_seq``, never by arrival order
-(ipykernel 6.30.0 broke on that); :class:`VariableExplorer` lists the user
-namespace for the Variables panel while no thread is stopped
-(``inspectVariables``, messaging spec "Additions to the DAP").
+(ipykernel 6.30.0 broke on that). The Variables panel the kernel answers
+itself while no thread is stopped is variables.py, in the user run.
 """
 
 from __future__ import annotations
@@ -15,8 +14,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import re
-import reprlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,20 +27,8 @@ log = logging.getLogger("trikernel.dap")
 #: Seconds a request sent to debugpy waits for its response, then fails
 #: (a response that never comes must not wedge the kernel).
 REQUEST_TIMEOUT = 15.0
-#: Children listed per variable by the kernel's own variable explorer.
-MAX_CHILDREN = 300
 #: Bytes of one DAP message the reader accepts from the adapter.
 MAX_DAP_MESSAGE = 64 << 20
-
-#: Names the Variables panel leaves out (IPython's machinery; as ipykernel).
-_HIDDEN_NAMES = frozenset(
-    {
-        "__name__", "__doc__", "__package__", "__loader__", "__spec__", "__annotations__",
-        "__builtins__", "__builtin__", "__display__", "get_ipython", "debugpy", "exit", "quit",
-        "In", "Out", "_oh", "_dh", "_", "__", "___",
-    }
-)  # fmt: skip
-_HIDDEN_PATTERN = re.compile(r"^(_\d|_i)")
 
 
 # -- io run: the connection to debugpy's adapter -------------------------------------
@@ -199,129 +184,3 @@ def _content_length(header: bytes) -> int:
                 return length
             break
     raise DapError(f"bad DAP header from debugpy: {header[:80]!r}")
-
-
-# -- io run: the kernel's own variable explorer --------------------------------------
-
-
-class VariableExplorer:
-    """Variables of the user namespace while no thread is stopped
-    (``inspectVariables``, then ``variables`` on its references).
-
-    Runs in the io run; reads the namespace while a cell may run on the main
-    thread (a snapshot of the dict; ``repr`` of values bounded by
-    :mod:`reprlib`). References are valid until the next inspectVariables.
-    """
-
-    def __init__(self) -> None:
-        self._refs: dict[int, Any] = {}
-        self._next = itertools.count(1)
-        self._repr = reprlib.Repr()
-        self._repr.maxstring = 200
-        self._repr.maxother = 200
-        self._repr.maxlong = 200
-
-    def reset(self) -> None:
-        """Forget every variable reference handed out so far; a later ``variables`` request on
-        one of them gets no children. Called before each ``inspectVariables`` and at
-        ``disconnect``."""
-        self._refs.clear()
-
-    def globals(self, ns: dict[str, Any], hidden: dict[str, Any]) -> list[dict[str, Any]]:
-        """The Variables panel's top level for ``inspectVariables`` (messaging spec "Additions to
-        the DAP"): one DAP Variable (``name``, bounded ``value`` repr, ``type``,
-        ``variablesReference``, ``evaluateName``) per name of a snapshot of ``ns``, minus
-        IPython's own names and those in ``hidden`` (``user_ns_hidden``). io run; ``ns`` may
-        change meanwhile on the main thread."""
-        snapshot = _snapshot(ns)
-        return [self._var(k, v, k) for k, v in snapshot.items() if accept_variable(k) and k not in hidden]
-
-    def children(self, ref: int) -> list[dict[str, Any]] | None:
-        """The children of reference ``ref``; None for an unknown reference."""
-        if ref not in self._refs:
-            return None
-        obj = self._refs[ref]
-        out = []
-        try:
-            if isinstance(obj, dict):
-                items: list[tuple[str, Any, str | None]] = [
-                    (self._safe_repr(k), v, None) for k, v in itertools.islice(_snapshot(obj).items(), MAX_CHILDREN)
-                ]
-            elif isinstance(obj, (list, tuple)):
-                items = [(str(i), v, None) for i, v in enumerate(obj[:MAX_CHILDREN])]
-            elif isinstance(obj, (set, frozenset)):
-                items = [(str(i), v, None) for i, v in enumerate(itertools.islice(obj, MAX_CHILDREN))]
-            else:
-                attrs = getattr(obj, "__dict__", None)
-                items = (
-                    [(k, v, None) for k, v in itertools.islice(_snapshot(attrs).items(), MAX_CHILDREN)]
-                    if isinstance(attrs, dict)
-                    else []
-                )
-        except Exception:
-            items = []
-        for name, value, evaluate in items:
-            out.append(self._var(name, value, evaluate))
-        return out
-
-    def _var(self, name: str, value: Any, evaluate: str | None) -> dict[str, Any]:
-        ref = 0
-        if (isinstance(value, (dict, list, tuple, set, frozenset)) and len(value) > 0) or _has_attrs(value):
-            ref = next(self._next)
-            self._refs[ref] = value
-        var: dict[str, Any] = {
-            "name": name,
-            "value": self._safe_repr(value),
-            "type": type(value).__name__,
-            "variablesReference": ref,
-        }
-        if evaluate is not None:
-            var["evaluateName"] = evaluate
-        return var
-
-    def _safe_repr(self, value: Any) -> str:
-        try:
-            return self._repr.repr(value)
-        except Exception as exc:
-            return f"<repr failed: {type(exc).__name__}>"
-
-
-def _has_attrs(value: Any) -> bool:
-    if isinstance(value, (type, int, float, complex, str, bytes, bool)) or value is None:
-        return False
-    try:
-        attrs = getattr(value, "__dict__", None)
-    except Exception:
-        return False
-    return isinstance(attrs, dict) and len(attrs) > 0
-
-
-def _snapshot(d: dict[Any, Any]) -> dict[Any, Any]:
-    """A copy of a dict another thread may change meanwhile."""
-    for _ in range(5):
-        try:
-            return dict(d)
-        except RuntimeError:  # changed size during the copy
-            continue
-    return {}
-
-
-def accept_variable(name: str) -> bool:
-    """Whether the Variables panel shows ``name`` (IPython's own names are left out)."""
-    return bool(name) and name not in _HIDDEN_NAMES and not _HIDDEN_PATTERN.match(name)
-
-
-def accept_stopped_variable(var: dict[str, Any], ns: dict[str, Any], hidden: dict[str, Any]) -> bool:
-    """Whether the Variables panel shows debugpy's DAP Variable ``var`` at a
-    stop: not IPython's own names (:func:`accept_variable`), nor a name the
-    kernel hides in the user's namespace (``hidden``: ``user_ns_hidden``, with
-    ``nursery`` and ``trio``) while ``ns`` still holds that hidden object and
-    the variable has its type — a local of the same name and another type
-    stays. io run; ``ns`` may change meanwhile on the main thread."""
-    name = str(var.get("name", ""))
-    if not accept_variable(name):
-        return False
-    if name not in hidden:
-        return True
-    value = hidden[name]
-    return ns.get(name) is not value or var.get("type") != type(value).__name__

@@ -31,14 +31,18 @@ debugger on never imports it and never traces.
 What the kernel answers itself: ``debugInfo``, ``configurationDone``,
 ``dumpCell``, ``inspectVariables``, ``richInspectVariables``,
 ``copyToGlobals`` (as a ``setExpression``), ``modules``, ``source``, and
-``variables`` / ``continue`` while no thread is stopped. Everything else
-is forwarded to debugpy. ``disconnect`` is forwarded with
+``variables`` / ``continue`` while no thread is stopped. Whatever of
+these touches user objects (the Variables panel, ``modules``) runs as a job
+of the main user run with a deadline (panel.py, variables.py), never here:
+no code of the user's runs on the io thread. Everything else is forwarded
+to debugpy. ``disconnect`` is forwarded with
 ``terminateDebuggee`` false whatever the client asked (true kills the
 kernel process).
 
 Runs on: the io run (:class:`Debugger`, in the core's debug lane); the
 main thread's user run (the one start of debugpy, tracing on and off,
-the ``pre_execute`` hook); :func:`available` any thread.
+the ``pre_execute`` hook, the Variables panel's work); :func:`available`
+any thread.
 """
 
 from __future__ import annotations
@@ -56,14 +60,9 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from trikernel.core.job import Job
-from trikernel.debug.dap import (
-    MAX_DAP_MESSAGE,
-    REQUEST_TIMEOUT,
-    DapClient,
-    DapError,
-    VariableExplorer,
-    accept_stopped_variable,
-)
+from trikernel.debug.dap import MAX_DAP_MESSAGE, REQUEST_TIMEOUT, DapClient, DapError
+from trikernel.debug.panel import VariablesPanel
+from trikernel.debug.variables import accept_stopped_variable
 from trikernel.protocol.dap import response
 from trikernel.threads import mark_kernel_threads
 from trikernel.user import cellnames
@@ -241,7 +240,8 @@ class Debugger:
         self._parent: dict[str, Any] | None = None  # the latest debug_request's header
         self.breakpoints: dict[str, list[dict[str, Any]]] = {}
         self.stopped_threads: set[int] = set()
-        self.explorer = VariableExplorer()
+        #: the Variables panel while nothing is stopped: its work runs in the user run (panel.py)
+        self.panel = VariablesPanel(deps.user_run)
         self._handlers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
             "debugInfo": self._debug_info,
             "initialize": self._initialize,
@@ -325,7 +325,10 @@ class Debugger:
                 if job.error is not None:
                     log.warning("debugpy did not start: %r", job.error)
                     return response(
-                        request, False, message=f"debugpy did not start: {type(job.error).__name__}: {job.error}"
+                        request,
+                        False,
+                        message=f"debugpy did not start: {getattr(job.error, 'ename', type(job.error).__name__)}: "
+                        f"{job.error}",
                     )
                 self._endpoint = job.result
             if not self.is_started:
@@ -404,7 +407,7 @@ class Debugger:
             self._attached = False
             self.breakpoints.clear()
             self.stopped_threads.clear()
-            self.explorer.reset()
+            self.panel.forget()
             shell = self._shell
             if shell is not None and self._endpoint is not None:
                 self._d.user_run.start_task_soon(Job(_async(lambda: _detached(shell))))
@@ -531,16 +534,15 @@ class Debugger:
         return response(request, False, {}, message="source unavailable")
 
     async def _inspect_variables(self, request: dict[str, Any]) -> dict[str, Any]:
-        shell = self._shell
-        assert shell is not None
-        self.explorer.reset()
-        variables = self.explorer.globals(shell.user_ns, shell.user_ns_hidden)
-        return response(request, True, {"variables": variables})
+        assert self._shell is not None
+        return _answer(request, await self.panel.inspect(self._shell))
 
     async def _variables(self, request: dict[str, Any]) -> dict[str, Any]:
         if not self.stopped_threads:
             ref = _arguments(request).get("variablesReference")
-            children = self.explorer.children(ref) if isinstance(ref, int) else None
+            children = await self.panel.children(ref) if isinstance(ref, int) else None
+            if isinstance(children, str):
+                return response(request, False, message=children)
             if children is not None or not self.is_started:
                 return response(request, True, {"variables": children or []})
         reply = await self._forward(request)
@@ -575,17 +577,8 @@ class Debugger:
             except (ValueError, SyntaxError, KeyError, TypeError):
                 return response(request, False, message="could not read the formatted value")
         else:
-            shell = self._shell
-            assert shell is not None
-            ns = shell.user_ns
-            if name not in ns:
-                return response(request, False, message=f"name {name!r} is not defined")
-            try:
-                formatter = shell.display_formatter
-                assert formatter is not None
-                data, metadata = formatter.format(ns[name])
-            except Exception as exc:
-                return response(request, False, message=f"{type(exc).__name__}: {exc}")
+            assert self._shell is not None
+            return _answer(request, await self.panel.rich(self._shell, name))
         from trikernel.user.shell import clean_bundle
 
         data = clean_bundle(data or {})
@@ -608,17 +601,10 @@ class Debugger:
 
     async def _modules(self, request: dict[str, Any]) -> dict[str, Any]:
         args = _arguments(request)
-        modules = list(sys.modules.copy().values())
-        start = args.get("startModule", 0)
-        count = args.get("moduleCount", 0)
+        start, count = args.get("startModule", 0), args.get("moduleCount", 0)
         start = start if isinstance(start, int) and start >= 0 else 0
-        stop = start + count if isinstance(count, int) and count > 0 else len(modules)
-        out = []
-        for i, module in enumerate(modules[start:stop], start):
-            origin = getattr(getattr(module, "__spec__", None), "origin", None)
-            if isinstance(origin, str) and origin.endswith(".py"):
-                out.append({"id": i, "name": module.__name__, "path": origin})
-        return response(request, True, {"modules": out, "totalModules": len(modules)})
+        count = count if isinstance(count, int) and count > 0 else 0
+        return _answer(request, await self.panel.modules(start, count))
 
     async def _continue(self, request: dict[str, Any]) -> dict[str, Any]:
         """``continue``: forwarded while a thread is stopped; a continue with
@@ -645,6 +631,13 @@ def _read_source(path: str) -> str:
 def _arguments(request: dict[str, Any]) -> dict[str, Any]:
     args = request.get("arguments")
     return args if isinstance(args, dict) else {}
+
+
+def _answer(request: dict[str, Any], body: dict[str, Any] | str) -> dict[str, Any]:
+    """The response to ``request`` from a :class:`VariablesPanel` answer: a body, or a failure's message."""
+    if isinstance(body, str):
+        return response(request, False, message=body)
+    return response(request, True, body)
 
 
 def _async(fn: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:

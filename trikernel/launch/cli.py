@@ -36,9 +36,10 @@ from trikernel.launch.options import (
     add_kernel_options,
     configure_logging,
     fail,
-    is_loopback,
     kernel_config,
     level_name,
+    warn_if_others_can_read,
+    warn_without_curve,
 )
 from trikernel.protocol.channels import PORT_FIELDS
 from trikernel.protocol.connection import load_json_file, parse_connection, write_json_atomic
@@ -240,7 +241,9 @@ def _run(argv: list[str]) -> int:
     configure_logging(args.log_level)
     path = args.connection_file
     try:
-        options = sockopts.resolve(args.socket_options or [], os.environ, args.config)
+        options = sockopts.resolve(
+            args.socket_options or [], os.environ, args.config, max_topic_bytes=config.max_topic_bytes
+        )
         raw = load_json_file(path)
         registration = None
         try:
@@ -254,9 +257,9 @@ def _run(argv: list[str]) -> int:
     except ConfigError as exc:
         return fail(str(exc))
 
-    if conn.transport == "tcp" and not conn.curve:
-        level = logging.INFO if is_loopback(conn.ip) else logging.WARNING
-        log.log(level, "CurveZMQ keys absent: kernel traffic on %s is signed, not encrypted", conn.ip)
+    what = "registration file" if registration is not None else "connection file"
+    warn_if_others_can_read(path, what, bool(conn.key or conn.curve_secretkey), log)
+    warn_without_curve(conn, log)
 
     try:  # --strict, --message-log (strict.py, messagelog.py): a missing extra or a bad file stops us here
         from trikernel.protocol.strict import load as load_strict

@@ -232,7 +232,9 @@ def launch(argv: Sequence[str]) -> int:
     opts.configure_logging(ns.log_level)
     try:
         args = launch_args(ns)
-        options = sockopts.resolve(ns.socket_options or [], os.environ, ns.config)
+        options = sockopts.resolve(
+            ns.socket_options or [], os.environ, ns.config, max_topic_bytes=config.max_topic_bytes
+        )
         public_key = load_public_key(args.public_key)
         conn = _connection(args)
     except ConfigError as exc:
@@ -243,9 +245,7 @@ def launch(argv: Sequence[str]) -> int:
         log.warning(
             "ignored --spark-context-initialization-mode=%s: trikernel creates no Spark context", ns.spark_init_mode
         )
-    if not conn.curve:
-        level = logging.INFO if opts.is_loopback(conn.ip) else logging.WARNING
-        log.log(level, "CurveZMQ keys absent: kernel traffic on %s is signed, not encrypted", conn.ip)
+    opts.warn_without_curve(conn, log)
 
     from trikernel.server.sockets import create_and_bind
 

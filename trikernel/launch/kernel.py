@@ -191,6 +191,8 @@ class Kernel:
         stats["degraded"] = self.iopub.degraded
         stats["iopub_holding"] = self.iopub.holding
         stats["iopub_connections"] = self.iopub.connections
+        stats["iopub_topics"] = self.iopub.subscribers.topics
+        stats["iopub_topic_bytes"] = self.iopub.subscribers.topic_bytes
         bad = self.bad_input.statistics()
         stats["malformed_dropped"] = bad.dropped
         stats["malformed_by_kind"] = bad.by_kind

@@ -16,10 +16,13 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from trikernel.errors import ConfigError
 from trikernel.launch.config import KernelConfig, flag_of
+
+if TYPE_CHECKING:
+    from trikernel.protocol.connection import ConnectionInfo
 
 #: Exit code of a start-up that failed at run time (a port in use, a failed handshake).
 EXIT_RUNTIME = 1
@@ -144,3 +147,61 @@ def is_loopback(ip: str) -> bool:
         return ipaddress.ip_address(ip).is_loopback
     except ValueError:
         return False
+
+
+def warn_without_curve(conn: ConnectionInfo, logger: logging.Logger) -> None:
+    """Say once, at start-up, that a TCP kernel runs without CurveZMQ, and what
+    that exposes: a warning when it listens beyond loopback, else an info line.
+
+    Without CurveZMQ the messages are signed (HMAC), not encrypted, and an
+    IOPub SUB socket needs no key at all: whoever reaches the port reads every
+    output, and can subscribe as much as it likes; many distinct
+    subscriptions cost the kernel memory and io-thread time that no bound
+    of libzmq 4.3.5 stops (docs/robustness.md, "IOPub subscriptions").
+
+    Args:
+        conn: the kernel's connection (``ip``, ``transport``, keys).
+        logger: the start-up's logger (``trikernel.cli``, ``trikernel.gateway``).
+
+    Runs on: the main thread, at start-up.
+    """
+    if conn.transport != "tcp" or conn.curve:
+        return
+    level = logging.INFO if is_loopback(conn.ip) else logging.WARNING
+    logger.log(
+        level,
+        "CurveZMQ keys absent: kernel traffic on %s is signed, not encrypted, and whoever reaches the IOPub "
+        "port reads every output and may subscribe without a key (a flood of subscriptions costs the kernel "
+        "memory and io-thread time; docs/robustness.md)",
+        conn.ip,
+    )
+
+
+def warn_if_others_can_read(path: str, what: str, holds_key: bool, logger: logging.Logger) -> None:
+    """One warning line when the file at ``path`` holds a key (HMAC or CurveZMQ
+    secret) and its mode lets its group or others read it (``mode & 0o044``):
+    whoever can read the key can sign requests, that is run code as the user.
+
+    Args:
+        path: the connection or registration file given with ``-f``.
+        what: ``"connection file"`` or ``"registration file"``, for the line.
+        holds_key: the file has a non-empty ``key`` or a ``curve_secretkey``.
+        logger: the start-up's logger.
+
+    Runs on: the main thread, at start-up, before anything is bound. A file
+    that cannot be stat'ed (gone meanwhile) is left alone.
+    """
+    if not holds_key:
+        return
+    try:
+        mode = os.stat(path).st_mode & 0o777
+    except OSError:
+        return
+    if mode & 0o044:
+        logger.warning(
+            "%s %s holds the key and others can read it (mode %04o): whoever reads it can run code in this "
+            "kernel; make it 0600 (chmod 600)",
+            what,
+            path,
+            mode,
+        )

@@ -88,6 +88,10 @@ class IOPubStats:
       shutdown (user threads still printing); dropped, never blocked on.
     - ``silenced``: output of ``silent`` execute requests not broadcast, as
       the spec asks (stream writes and display/result/error messages).
+    - ``short_connections``: IOPub connections that ended less than a second
+      after they were accepted: libzmq drops a subscriber whose subscription
+      is longer than ``--max-topic-bytes`` that way, without a reason, so a
+      client that leaves that soon counts too (server/subscribers.py).
     """
 
     sent: int = 0
@@ -104,6 +108,7 @@ class IOPubStats:
     send_errors: int = 0
     dropped_closed: int = 0
     silenced: int = 0
+    short_connections: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """A copy of every counter as a dict (name → int, or float seconds for ``wait_seconds``

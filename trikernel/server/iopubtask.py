@@ -24,20 +24,14 @@ before the kernel bound its port is retried only every ``ZMQ_RECONNECT_IVL``,
 100 ms). A client that sends ``execute_request`` as soon as ``kernel_info``
 was answered (jupyter console does) then lost busy, output and idle, and
 waited for idle for ever (jupyter_client#593; 5 in 25 starts under load
-with ipykernel 7). So until it has read the first subscription, the iopub
-task *holds* what it would send, up to ``hold_bytes`` (oldest dropped past
-it, or a single message larger than it alone, counted in ``hold_drops``),
-and sends it, in order, right after that subscriber's welcome. The hold
-starts again when no connection is left: unsubscription frames cannot say
-that, since libzmq also passes on one from a peer that never subscribed
-(xpub.cpp: an mtrie ``not_found`` notifies), so any peer could make the
-kernel hold a live client's output. The task counts the XPUB's connections
-from its socket monitor instead (``EVENT_ACCEPTED`` - ``EVENT_DISCONNECTED``)
-and starts holding when, with every pending event read, the count is 0. A
-connection's ACCEPTED is emitted before its handshake, so before its
-subscription can be read: a subscription already read always has its
-connection counted by then; one read while the count is 0 (every event
-read) is from a peer already gone and does not end the hold (docs/iopub.md).
+with ipykernel 7). So until someone listens (subscribers.py:
+``Subscribers.listening``, a subscription read from a live connection),
+the iopub task *holds* what it would send, up to ``hold_bytes`` (oldest
+dropped past it, or a single message larger than it alone, counted in
+``hold_drops``), and sends it, in order, right after that subscriber's
+welcome. The hold starts again when the XPUB has no connection left.
+
+Subscriptions, welcomes and the connection count: subscribers.py.
 
 Runs on: the io thread's trio run.
 """
@@ -51,13 +45,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
-from trikernel.core.badinput import BadInputLog
 from trikernel.protocol.wire import serialize
 from trikernel.server.iopubqueue import StreamBatch, _Close
+from trikernel.server.subscribers import Subscribers
 
 if TYPE_CHECKING:
+    from trikernel.core.badinput import BadInputLog
     from trikernel.protocol.messages import MessageBuilder
     from trikernel.server.iopubqueue import IOPubQueue
     from trikernel.server.messagelog import MessageLog
@@ -70,8 +64,6 @@ RETRY_MAX_DELAY = 0.005
 #: Messages the iopub task takes from the queue at once (one lock round
 #: trip, one credit return, one EVENTS check per batch).
 SEND_BATCH = 64
-#: Pending welcomes kept at most (one per subscription message).
-WELCOME_BACKLOG = 1024
 #: Minimum seconds between two warnings of the same kind.
 WARN_INTERVAL = 5.0
 #: Minimum seconds between two ``stream`` messages of one stream while a
@@ -121,7 +113,8 @@ class _RateLimitedWarning:
 class IOPubTask:
     """The iopub task: drains the queue into the XPUB socket.
 
-    Owns: the XPUB socket. Reads: the queue, subscription frames. Writes:
+    Owns: the XPUB socket and its monitor. Reads: the queue; subscription
+    frames and connection events through :attr:`subscribers`. Writes:
     messages, ``iopub_welcome``. Exits: after the close marker (queue
     drained) or on cancellation. ``message_log``: records each message
     after it left (``--message-log``), or None: one test per message.
@@ -133,7 +126,8 @@ class IOPubTask:
     start the hold again when the last connection is gone; read for as
     long as the task runs, also with ``hold_bytes`` 0 (an unread monitor
     stalls libzmq's I/O thread); None: the hold is for the first subscriber
-    only.
+    only. ``bad_input``, ``max_topic_bytes``: as :class:`~trikernel.server.subscribers.Subscribers`
+    takes them.
     """
 
     def __init__(
@@ -165,18 +159,18 @@ class IOPubTask:
         self._warn_wait = _RateLimitedWarning()
         self._warn_drop = _RateLimitedWarning()
         self._last_stream = 0.0
-        self._welcomes: deque[list[bytes]] = deque(maxlen=WELCOME_BACKLOG)
         self._sub_waiter: trio.CancelScope | None = None
-        #: subscription frames that are none, or too long (counted, rate-limited log)
-        self.bad_input = bad_input if bad_input is not None else BadInputLog()
-        self.max_topic_bytes = max_topic_bytes
         self.message_log = message_log
-        #: a subscription frame from a live connection has been read since the
-        #: hold (re)started: libzmq applied it, so the hold ends
-        self._listening = False
-        self._monitor = monitor
-        #: connections of the XPUB now, from the monitor's events
-        self.connections = 0
+        #: subscriptions, welcomes and the connection count (subscribers.py)
+        self.subscribers = Subscribers(
+            sock,
+            builder,
+            self.signer,
+            self.stats,
+            bad_input=bad_input,
+            max_topic_bytes=max_topic_bytes,
+            monitor=monitor,
+        )
         self.hold_bytes = hold_bytes
         self._held: deque[list[bytes]] = deque()
         self._held_bytes = 0
@@ -190,7 +184,12 @@ class IOPubTask:
         task started or since the last connection left (io run; a subscriber
         whose frame is not read yet does not count), or held ones still being
         sent. Read from any thread (a plain attribute read)."""
-        return bool(self.hold_bytes) and (not self._listening or bool(self._held))
+        return bool(self.hold_bytes) and (not self.subscribers.listening or bool(self._held))
+
+    @property
+    def connections(self) -> int:
+        """The XPUB's connections now, from its monitor (subscribers.py); any thread."""
+        return self.subscribers.connections
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The iopub task. Attaches the queue, welcomes subscribers already there
@@ -203,12 +202,13 @@ class IOPubTask:
         self.queue.attach()
         async with trio.open_nursery() as nursery:
             # welcome subscribers that connected before we started, first
-            self._read_subscriptions()
+            subscribers = self.subscribers
+            subscribers.read()
             await self._send_welcomes()
             nursery.start_soon(self._watch_subscriptions)
-            if self._monitor is not None:  # read also with hold_bytes 0: an unread monitor stalls libzmq
-                self._read_connection_events()
-                nursery.start_soon(self._watch_connections)
+            if subscribers.monitor is not None:  # read also with hold_bytes 0: an unread monitor stalls libzmq
+                subscribers.read_connection_events()
+                nursery.start_soon(subscribers.watch_connections)
             task_status.started()
             closing = False
             mlog = self.message_log
@@ -227,7 +227,7 @@ class IOPubTask:
                             frames = await self._stream_frames(item) if isinstance(item, StreamBatch) else item[1]
                             # While a flush is under way _held is not empty (it pops a message
                             # only once sent), so a newer message never overtakes a held one.
-                            if self.hold_bytes and (self._held or not self._listening):
+                            if self.hold_bytes and (self._held or not subscribers.listening):
                                 self._hold(frames)
                                 await self._flush_held()
                             else:
@@ -285,7 +285,7 @@ class IOPubTask:
         Called by the run loop and by the welcomer (after a welcome); the lock
         keeps the order when both do."""
         async with self._flushing:
-            while self._held and self._listening:
+            while self._held and self.subscribers.listening:
                 frames = self._held[0]
                 try:
                     await self._send(frames)
@@ -325,8 +325,9 @@ class IOPubTask:
         """Our sends may have consumed the FD's edge for a pending subscription
         (zmq_getsockopt(3), ZMQ_FD): look, and wake the welcomer if so."""
         if int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            self._read_subscriptions()
-            if (self._welcomes or (self._held and self._listening)) and self._sub_waiter is not None:
+            subscribers = self.subscribers
+            subscribers.read()
+            if (subscribers.welcomes or (self._held and subscribers.listening)) and self._sub_waiter is not None:
                 self._sub_waiter.cancel()
 
     async def _send_waiting(self, frames: list[bytes]) -> None:
@@ -396,10 +397,11 @@ class IOPubTask:
         messages until it drained (found by tests/test_iopub_queue.py).
         """
         fd = int(self.sock.getsockopt(zmq.FD))
+        subscribers = self.subscribers
         while True:
-            self._read_subscriptions()
+            subscribers.read()
             await self._send_welcomes()
-            if self._held and self._listening:
+            if self._held and subscribers.listening:
                 await self._flush_held()
                 continue  # subscriptions may have come meanwhile
             with trio.CancelScope() as scope:
@@ -409,89 +411,12 @@ class IOPubTask:
                 finally:
                     self._sub_waiter = None
 
-    async def _watch_connections(self) -> None:
-        """Count the XPUB's connections; the only reader of the monitor socket.
-        Runs whenever there is a monitor, holding or not: libzmq's
-        monitor_event sends without ZMQ_DONTWAIT, so a monitor nobody reads
-        blocks the context's I/O thread once its pipe is full (about 2000
-        events), and with it every socket of the context."""
-        assert self._monitor is not None
-        fd = int(self._monitor.getsockopt(zmq.FD))
-        while True:
-            await trio.lowlevel.wait_readable(fd)
-            self._read_connection_events()
-
-    def _read_connection_events(self) -> None:
-        """Read every pending monitor event; with none left, no connection and
-        a subscription read before, the hold starts again (module docstring)."""
-        assert self._monitor is not None
-        while True:
-            try:
-                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            event = parse_monitor_message(frames)["event"]
-            if event == zmq.EVENT_ACCEPTED:
-                self.connections += 1
-            elif event == zmq.EVENT_DISCONNECTED:
-                self.connections = max(0, self.connections - 1)
-        if self.connections == 0 and self._listening:
-            self._listening = False
-            log.debug("iopub: no connection left; held for the next subscriber from now on")
-
-    def _from_a_live_connection(self) -> bool:
-        """Whether a subscription frame just read can come from a connection
-        that is still there. libzmq hands the XPUB what a peer sent before it
-        left, and may do so after that connection's DISCONNECTED was read (a
-        peer that subscribes and closes at once): such a subscription must not
-        end the hold. Its ACCEPTED was emitted before it could be read, so with
-        every pending event read, a count of 0 says its connection is gone.
-        Without a monitor: True (the hold is for the first subscriber only)."""
-        if self._monitor is None:
-            return True
-        self._read_connection_events()
-        return self.connections > 0
-
     async def _send_welcomes(self) -> None:
-        while self._welcomes:
-            frames = self._welcomes.popleft()
+        welcomes = self.subscribers.welcomes
+        while welcomes:
+            frames = welcomes.popleft()
             await self._send(frames)
             self.stats.welcomes += 1
             if self.message_log is not None:
                 self.message_log.record("out", "iopub", frames)
             self._after_sends()
-
-    def _read_subscriptions(self) -> None:
-        """Read subscription frames (never sends: it runs inside _send too)."""
-        sock = self.sock
-        while True:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            sub = frames[0] if frames else b""
-            if sub[:1] != b"\x01":
-                if sub[:1] != b"\x00" or len(frames) != 1:  # b"\x00...": an unsubscription
-                    self.bad_input.record("iopub", "not_a_subscription", f"{len(frames)} frame(s), not a subscription")
-                continue  # an unsubscription: says nothing about who is left (module docstring)
-            if len(frames) == 1 and self._from_a_live_connection():
-                self._listening = True  # libzmq applied it, long or not
-            if len(frames) != 1 or len(sub) - 1 > self.max_topic_bytes:
-                self.bad_input.record(
-                    "iopub",
-                    "bad_subscription",
-                    f"subscription of {len(frames)} frame(s), topic of {len(sub) - 1} bytes "
-                    f"(limit {self.max_topic_bytes}): no welcome",
-                )
-                continue
-            topic = sub[1:]
-            msg = self.builder.msg(
-                "iopub_welcome", {"subscription": topic.decode("utf-8", "replace")}, None, identities=(topic,)
-            )
-            if len(self._welcomes) == self._welcomes.maxlen:
-                self.bad_input.record(
-                    "iopub",
-                    "welcome_backlog",
-                    f"more than {WELCOME_BACKLOG} subscriptions pending; oldest welcome dropped",
-                )
-            self._welcomes.append(serialize(msg, self.signer))

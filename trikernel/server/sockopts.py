@@ -49,6 +49,7 @@ import zmq
 from trikernel.errors import ConfigError
 from trikernel.protocol.channels import CHANNELS, SOCKET_TYPE_NAMES
 from trikernel.server.sockets import SOCKET_TYPES
+from trikernel.server.subscribers import IOPUB_MIN_MAXMSGSIZE, SUBSCRIBE_OVERHEAD, iopub_maxmsgsize
 
 if TYPE_CHECKING:
     import argparse
@@ -235,9 +236,12 @@ CATALOGUE: Final[Mapping[str, OptionSpec]] = {
 #: - iopub XPUB_NODROP=1: a full subscriber makes the send wait (the iopub
 #:   task's timeout fallback then drops for that one message), no silent loss.
 #: - iopub XPUB_VERBOSE=1: every subscriber gets iopub_welcome (JEP 65).
+#: - iopub MAXMSGSIZE: a subscription longer than --max-topic-bytes costs its
+#:   connection before libzmq stores it (subscribers.iopub_maxmsgsize; 1034 for
+#:   the default 1024 bytes, computed from the kernel's --max-topic-bytes by :func:`resolve`).
 DEFAULTS: Final[Mapping[str, Mapping[str, OptionValue]]] = {
     **{c: {"LINGER": 1000, "ROUTER_HANDOVER": 0} for c in CHANNELS if _TYPE_OF[c] == "ROUTER"},
-    "iopub": {"LINGER": 1000, "SNDHWM": 10000, "XPUB_NODROP": 1, "XPUB_VERBOSE": 1},
+    "iopub": {"LINGER": 1000, "MAXMSGSIZE": 1034, "SNDHWM": 10000, "XPUB_NODROP": 1, "XPUB_VERBOSE": 1},
 }
 
 _RESERVED = "is reserved: the kernel sets security options itself (CurveZMQ keys from the connection file)"
@@ -449,8 +453,14 @@ class SocketOptions:
         return f"effective socket options for {channel}: {items}"
 
     def non_default(self) -> list[tuple[str, str, OptionValue]]:
-        """``(channel, NAME, value)`` for every value that differs from :data:`DEFAULTS`."""
-        return [(c, n, v) for c, pairs in self.effective for n, v in pairs if DEFAULTS[c].get(n) != v]
+        """``(channel, NAME, value)`` for every value an operator set that differs from :data:`DEFAULTS`
+        (a default computed at start-up, iopub MAXMSGSIZE from ``--max-topic-bytes``, is none)."""
+        return [
+            (c, n, v)
+            for c, pairs in self.effective
+            for n, v in pairs
+            if DEFAULTS[c].get(n) != v and self.source_of(c, n) != "default"
+        ]
 
     def as_argv(self) -> list[str]:
         """``["--socket-option", SPEC, ...]`` reproducing every non-default value.
@@ -490,7 +500,13 @@ def _merge(layers: Iterable[tuple[str, Sequence[Setting]]]) -> SocketOptions:
     )
 
 
-def resolve(cli_specs: Sequence[str] | None, environ: Mapping[str, str], config_path: str | None) -> SocketOptions:
+def resolve(
+    cli_specs: Sequence[str] | None,
+    environ: Mapping[str, str],
+    config_path: str | None,
+    *,
+    max_topic_bytes: int | None = None,
+) -> SocketOptions:
     """Validate every source and merge them into the effective options.
 
     ``cli_specs``: the ``--socket-option`` values, e.g. ``["iopub.SNDHWM=20000"]``
@@ -500,14 +516,26 @@ def resolve(cli_specs: Sequence[str] | None, environ: Mapping[str, str], config_
     ``"CHANNEL.NAME"`` to a value (or ``[socket_options.CHANNEL]`` tables);
     other tables in the file are ignored here.
 
+    ``max_topic_bytes``: the kernel's ``--max-topic-bytes``; the default
+    ``iopub.MAXMSGSIZE`` is then :func:`iopub_maxmsgsize` of it, and an
+    operator's own value is checked against it (:func:`_check_iopub_maxmsgsize`).
+    None (``install``): :data:`DEFAULTS` as they are.
+
     Precedence: CLI > environment > config file > :data:`DEFAULTS`; within one
     source a channel entry beats ``*``; then the last entry wins. An HWM of 0
-    (no limit) is logged as a warning on ``trikernel.sockopts``.
+    (no limit) is logged as a warning on ``trikernel.sockopts``, and so is an
+    iopub MAXMSGSIZE above the default.
 
     Raises :class:`ConfigError` (one line) for a missing/unreadable/invalid
-    file or any bad entry; nothing is applied anywhere by this function.
+    file or any bad entry, or an iopub MAXMSGSIZE below the default; nothing
+    is applied anywhere by this function.
+
+    Runs on: any thread (pure but for the warnings it logs).
     """
     defaults: list[Setting] = [(c, n, v) for c in CHANNELS for n, v in DEFAULTS[c].items()]
+    if max_topic_bytes is not None:
+        bound = iopub_maxmsgsize(max_topic_bytes)
+        defaults = [(c, n, bound if (c, n) == ("iopub", "MAXMSGSIZE") else v) for c, n, v in defaults]
     layers = [("default", defaults)]
     if config_path is not None:
         layers.append(_from_config(config_path))
@@ -522,7 +550,41 @@ def resolve(cli_specs: Sequence[str] | None, environ: Mapping[str, str], config_
                 log.warning(
                     "socket option %s.%s=0 (%s) removes the high-water mark: memory is unbounded", chan, name, source
                 )
+    if max_topic_bytes is not None:
+        _check_iopub_maxmsgsize(options, max_topic_bytes)
     return options
+
+
+def _check_iopub_maxmsgsize(options: SocketOptions, max_topic_bytes: int) -> None:
+    """An operator's iopub MAXMSGSIZE: below :func:`iopub_maxmsgsize` a subscriber whose topic the
+    kernel would welcome loses its connection (ConfigError); above it (or -1, no limit) longer
+    subscriptions reach libzmq's topic tree again (a warning naming the cost)."""
+    value = dict(options.for_channel("iopub"))["MAXMSGSIZE"]
+    source = options.source_of("iopub", "MAXMSGSIZE")
+    bound = iopub_maxmsgsize(max_topic_bytes)
+    if source == "default" or value == bound:
+        return
+    assert isinstance(value, int)
+    if 0 <= value < bound:
+        raise _fail(
+            "iopub",
+            "MAXMSGSIZE",
+            value,
+            source,
+            f"below {bound}, what a subscription of --max-topic-bytes {max_topic_bytes} takes on the wire "
+            f"(topic + {SUBSCRIBE_OVERHEAD} bytes, at least {IOPUB_MIN_MAXMSGSIZE}): its subscriber would lose "
+            "its connection; give -1 or at least that, or set a channel of its own (shell.MAXMSGSIZE=...)",
+        )
+    limit = "no limit" if value < 0 else f"{value} bytes"
+    log.warning(
+        "socket option iopub.MAXMSGSIZE=%s (%s): subscriptions up to %s reach libzmq's topic tree, about 48 bytes "
+        "of memory per topic byte and io-thread time whenever a subscriber leaves; the default is %d "
+        "(docs/iopub.md, 'Subscriptions')",
+        value,
+        source,
+        limit,
+        bound,
+    )
 
 
 # --------------------------------------------------------------------------- CLI
