@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import zmq
-from conftest import TIMEOUT, execute, start_kernel, stop_kernel
+from conftest import TIMEOUT, execute, start_kernel, stdout_of, stop_kernel
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -337,3 +337,40 @@ def test_memory_of_dropped_input_returns_to_a_plateau(jupyter_path):
     finally:
         peers.close()
         stop_kernel(km, kc)
+
+
+BAD_HISTORY_CONTENT = [
+    {"hist_access_type": "range", "session": 0, "start": 0, "stop": {}},
+    {"hist_access_type": "range", "session": -1, "start": 0, "stop": {}},
+    {"hist_access_type": "range", "session": [1], "start": 0, "stop": None},
+    {"hist_access_type": "search", "pattern": ["x"]},
+    {"hist_access_type": "search", "pattern": "*", "n": "5"},
+    {"hist_access_type": "tail", "n": {}},
+]
+
+
+def test_history_request_of_the_wrong_types_keeps_the_users_history(kernel_with_log):
+    """Found by the 300 s fuzz (issue 26): a signed history_request with ``"stop": {}`` reached
+    SQLite, IPython took the binding error for a corrupt database and moved the user's history
+    file aside ("History file was moved to ...history-corrupt-..."); after a few such requests
+    "history will not be saved". Each now gets an error reply and the file stays."""
+    _km, kc, _ctx, log_path = kernel_with_log
+    reply, out = execute(kc, "kept = 'history kept'; print(get_ipython().history_manager.hist_file)")
+    assert reply["content"]["status"] == "ok"
+    hist_file = stdout_of(out).strip()
+    assert hist_file.endswith(".sqlite"), hist_file
+    for content in BAD_HISTORY_CONTENT:
+        msg = kc.session.msg("history_request", content)
+        kc.shell_channel.send(msg)
+        answer = kc.get_shell_msg(timeout=TIMEOUT)
+        while answer["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+            answer = kc.get_shell_msg(timeout=TIMEOUT)
+        assert answer["content"]["status"] == "error", (content, answer["content"])
+    moved = [p for p in os.listdir(os.path.dirname(hist_file)) if "corrupt" in p]
+    assert moved == [], moved
+    assert "History file was moved" not in log_path.read_text(encoding="utf-8")
+    msg_id = kc.history(hist_access_type="tail", n=5, raw=True, output=False)
+    answer = kc.get_shell_msg(timeout=TIMEOUT)
+    while answer["parent_header"].get("msg_id") != msg_id:
+        answer = kc.get_shell_msg(timeout=TIMEOUT)
+    assert any("history kept" in entry[2] for entry in answer["content"]["history"])

@@ -645,26 +645,36 @@ def history(shell: TrikernelShell, content: dict[str, Any]) -> dict[str, Any]:
     ``hist_access_type`` tail (``n``, default 10), range (``session``, ``start``, ``stop``) or
     search (``pattern``, ``n``, ``unique``); ``raw`` (default true) and ``output``. Entries
     are ``[session, line, input]`` (with output: ``[session, line, [input, output]]``), with
-    the real session number instead of 0; any other access type gets ``[]``. Raises ValueError
-    or TypeError for an ``n``, ``session`` or ``start`` that is no integer (an error reply)."""
+    the real session number instead of 0; any other access type gets ``[]``.
+
+    Raises:
+        TypeError: an ``n``, ``session``, ``start`` or ``stop`` that is no integer, or a
+            ``pattern`` that is no string (an error reply). Checked before IPython sees them:
+            IPython takes any SQLite error of a query as a corrupt database and moves the
+            user's history file aside (``catch_corrupt_db``), so a request with
+            ``"stop": {}`` would cost the user their history.
+    """
     hm = shell.history_manager
     assert hm is not None, "IPython shell without a history manager"
     kind = content.get("hist_access_type", "tail")
     raw = bool(content.get("raw", True))
     output = bool(content.get("output", False))
     if kind == "tail":
-        hist = hm.get_tail(int(content.get("n") or 10), raw=raw, output=output, include_latest=True)
+        hist = hm.get_tail(_history_int(content, "n", None) or 10, raw=raw, output=output, include_latest=True)
     elif kind == "range":
         hist = hm.get_range(
-            int(content.get("session", 0)), int(content.get("start", 0)), content.get("stop"), raw=raw, output=output
-        )
-    elif kind == "search":
-        hist = hm.search(
-            content.get("pattern", "*"),
+            _history_int(content, "session", 0) or 0,
+            _history_int(content, "start", 0) or 0,
+            _history_int(content, "stop", None),
             raw=raw,
             output=output,
-            n=content.get("n"),
-            unique=bool(content.get("unique", False)),
+        )
+    elif kind == "search":
+        pattern = content.get("pattern", "*")
+        if not isinstance(pattern, str):
+            raise TypeError(f"history_request: pattern must be a string, not {type(pattern).__name__}")
+        hist = hm.search(
+            pattern, raw=raw, output=output, n=_history_int(content, "n", None), unique=bool(content.get("unique"))
         )
     else:
         hist = []
@@ -672,3 +682,11 @@ def history(shell: TrikernelShell, content: dict[str, Any]) -> dict[str, Any]:
     # number, as tail and search do, so clients can correlate entries.
     current = hm.session_number
     return {"status": "ok", "history": [[h[0] or current, *h[1:]] for h in hist]}
+
+
+def _history_int(content: dict[str, Any], key: str, default: int | None) -> int | None:
+    """``content[key]`` as a history_request integer (None stands for "not given")."""
+    value = content.get(key, default)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise TypeError(f"history_request: {key} must be an integer, not {type(value).__name__}")
