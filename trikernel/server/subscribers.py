@@ -27,7 +27,9 @@ subscriber as ACCEPTED, HANDSHAKE_SUCCEEDED, DISCONNECTED, as any client
 that leaves at once (no protocol-error event; measured with 4.3.5). So the
 kernel counts the connections that end less than :data:`SHORT_CONNECTION`
 after they were accepted (``short_connections``; a client that leaves that
-fast counts too) and logs them at the bounded rate of ``BadInputLog``.
+fast counts too) and, once :data:`SHORT_FLOOD` of them end within
+:data:`SHORT_WINDOW`, logs them at the bounded rate of ``BadInputLog``
+(one client that leaves at once is no news).
 libzmq's SUB then reconnects after ``RECONNECT_IVL`` (100 ms) without
 sending its subscriptions again (the dropped connection took them off its
 pipe): it stays connected, subscribed to nothing, and is one more
@@ -96,6 +98,12 @@ WELCOME_BACKLOG = 1024
 #: A connection that ends less than this many seconds after it was accepted
 #: is counted in ``short_connections`` (module docstring).
 SHORT_CONNECTION = 1.0
+#: Short connections are logged (bad input, bounded rate) only from the
+#: SHORT_FLOOD-th within SHORT_WINDOW seconds on: one client that starts a
+#: kernel and leaves at once (``jupyter execute`` of a short notebook,
+#: jupyter_client's ``start_new_kernel``) is normal; only a run of them is news.
+SHORT_FLOOD = 10
+SHORT_WINDOW = 10.0
 #: Bytes of distinct topics libzmq holds (as counted) past which each further
 #: subscription is logged (bounded rate): libzmq then holds
 #: about 48 MiB for them and walks them all whenever a subscriber leaves
@@ -169,6 +177,7 @@ class Subscribers:
         #: connections of the XPUB now, from the monitor's events
         self.connections = 0
         self._accepted: dict[int, float] = {}  # fd -> when its ACCEPTED was read (live connections only)
+        self._recent_short: deque[float] = deque()  # when the short connections of the last SHORT_WINDOW ended
         self._topics: set[int] = set()  # hash() of each distinct topic libzmq holds
         #: bytes of the distinct topics libzmq holds, as the subscription and
         #: unsubscription frames tell (an estimate: module docstring)
@@ -287,6 +296,18 @@ class Subscribers:
 
     def _short_connection(self) -> None:
         self.stats.short_connections += 1
+        now = self._clock()
+        recent = self._recent_short
+        recent.append(now)
+        while recent and now - recent[0] > SHORT_WINDOW:
+            recent.popleft()
+        if len(recent) < SHORT_FLOOD:
+            log.debug(
+                "iopub: a connection ended less than %gs after it was accepted (%d so far)",
+                SHORT_CONNECTION,
+                self.stats.short_connections,
+            )
+            return
         self.bad_input.record(
             "iopub",
             "short_connection",
