@@ -117,6 +117,24 @@ cells = [
         "    print((await stream.receive_some()).decode())\n"
         "server_scope.cancel()  # stop the background server"
     ),
+    new_markdown_cell(
+        "## asyncio beside trio\n"
+        "\n"
+        "asyncio code is awaited the same way, on one asyncio loop that lives as long as the "
+        "kernel; one coroutine may await both (docs/trio.md, \"asyncio beside trio\")."
+    ),
+    new_code_cell(
+        "import asyncio\n"
+        "\n"
+        "async def both(n):\n"
+        "    await asyncio.sleep(0.05)  # asyncio\n"
+        "    await trio.sleep(0.05)  # trio, in the same coroutine\n"
+        "    return n * n\n"
+        "\n"
+        "print('gathered', await asyncio.gather(both(2), both(3)))\n"
+        "task = asyncio.create_task(both(4))  # an asyncio task that outlives this cell"
+    ),
+    new_code_cell("print('the task of the last cell returned', await task)"),
 ]
 
 nb = new_notebook(
