@@ -121,7 +121,7 @@ cells = [
         "## asyncio beside trio\n"
         "\n"
         "asyncio code is awaited the same way, on one asyncio loop that lives as long as the "
-        "kernel; one coroutine may await both (docs/trio.md, \"asyncio beside trio\")."
+        'kernel; one coroutine may await both (docs/trio.md, "asyncio beside trio").'
     ),
     new_code_cell(
         "import asyncio\n"
