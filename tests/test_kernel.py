@@ -288,3 +288,34 @@ def test_ipywidgets_click_reaches_on_click(kernel):
     assert stdout_of(out) == "clicked\n"
     _reply, out = execute(kc, "len(clicks)")
     assert next(m for m in out if m["msg_type"] == "execute_result")["content"]["data"]["text/plain"] == "1"
+
+
+def test_a_line_written_in_two_parts_is_one_stream_message(kernel):
+    """``print`` writes its text, then the newline; when the newline comes late (a loaded
+    machine: here 20 ms later) the line is still one stream message, as under ipykernel.
+    Found by nbclient's own HelloWorld test, which compares the saved outputs: two outputs,
+    "Hello World" and "\\n", on a loaded machine."""
+    _, kc = kernel
+    reply, out = execute(kc, "import sys, time\nsys.stdout.write('Hello World')\ntime.sleep(0.02)\nprint()")
+    assert reply["content"]["status"] == "ok"
+    streams = [m["content"]["text"] for m in out if m["msg_type"] == "stream"]
+    assert streams == ["Hello World\n"]
+
+
+def test_text_without_a_newline_still_leaves_before_the_cell_ends(kernel):
+    """A partial line is held for the rest of the line, never until the cell's end: a prompt
+    printed before a long wait shows while the cell still runs."""
+    _, kc = kernel
+    msg_id = kc.execute("import sys, threading\nsys.stdout.write('working...')\nthreading.Event().wait(60)")
+    deadline = time.monotonic() + TIMEOUT
+    seen = ""
+    while "working..." not in seen:
+        m = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream":
+            seen += m["content"]["text"]
+    km = kernel[0]
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=TIMEOUT)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=TIMEOUT)
+    assert reply["content"]["status"] == "error"

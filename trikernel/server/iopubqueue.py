@@ -129,6 +129,12 @@ class StreamBatch:
     #: set when the batch is sealed while the iopub task holds it open
     #: (io run's Event; see IOPubQueue.wait_sealed)
     on_seal: trio.Event | None = None
+    #: with ``until_line``: also set when text ending a line is appended
+    on_line: trio.Event | None = None
+
+    def ends_a_line(self) -> bool:
+        """Whether the text so far ends with a newline (``print``'s second write came)."""
+        return bool(self.parts) and self.parts[-1].endswith("\n")
 
 
 class _Close:
@@ -331,6 +337,9 @@ class IOPubQueue:
             if b is not None and not b.sealed and b.parent.get("msg_id") == pid and b.size < self.stream_batch_chars:
                 b.parts.append(text)
                 b.size += len(text)
+                if b.on_line is not None and text.endswith("\n"):
+                    self._wake(b.on_line)
+                    b.on_line = None
                 return
             if not self._take_credit_locked():
                 return
@@ -375,23 +384,29 @@ class IOPubQueue:
                 # take the GIL back, instead of one thread switch per message
                 await trio.sleep(GATHER_WINDOW)
 
-    async def wait_sealed(self, b: StreamBatch) -> None:
+    async def wait_sealed(self, b: StreamBatch, until_line: bool = False) -> None:
         """The iopub task holds the open tail batch ``b`` for more text until
         another message seals it (so an idle or a display right after a print
         is not delayed); returns at once if it is sealed already.
+        ``until_line``: also return once ``b``'s text ends a line (at once if
+        it does already), so a ``print`` whose newline write comes late is
+        still one message.
 
         Cancellation: the caller bounds the hold with a cancel scope
         (``trio.move_on_after``); cancelled, the hold ends and ``b`` stays
         open for :meth:`take_text`. Io run only."""
         with self._lock:
-            if b.sealed:
+            if b.sealed or (until_line and b.ends_a_line()):
                 return
             ev = b.on_seal = trio.Event()
+            if until_line:
+                b.on_line = ev
         try:
             await ev.wait()
         finally:
             with self._lock:
                 b.on_seal = None
+                b.on_line = None
 
     def take_text(self, b: StreamBatch) -> str:
         """Seal stream batch ``b`` (later writes open a new batch) and return its text, all parts

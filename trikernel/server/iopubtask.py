@@ -72,6 +72,14 @@ STREAM_INTERVAL = 0.01
 #: Seconds an open stream batch waits before it leaves, so ``print("x")``
 #: (two writes: text, newline) becomes one message.
 FIRST_WRITE_DELAY = 0.001
+#: Seconds more an open stream batch that ends in the middle of a line waits
+#: for the rest of the line (or any other message, which seals it): on a
+#: loaded machine ``print``'s newline can come later than FIRST_WRITE_DELAY,
+#: and a notebook would then keep two outputs, ``"x"`` and ``"\n"``, where
+#: ipykernel's has one (nbclient's HelloWorld test). ipykernel flushes every
+#: 0.2 s (``OutStream.flush_interval``) too. Text without a newline
+#: (a prompt, a progress bar's ``\r``) leaves after this at the latest.
+PARTIAL_LINE_HOLD = 0.2
 
 
 _raw_send = zmq.backend.Socket.send
@@ -307,6 +315,9 @@ class IOPubTask:
             wait = max(FIRST_WRITE_DELAY, self._last_stream + STREAM_INTERVAL - time.monotonic())
             with trio.move_on_after(wait):
                 await self.queue.wait_sealed(b)
+            if not b.sealed and not b.ends_a_line():
+                with trio.move_on_after(PARTIAL_LINE_HOLD):
+                    await self.queue.wait_sealed(b, until_line=True)
         text = self.queue.take_text(b)
         msg = self.builder.iopub("stream", {"name": b.name, "text": text}, b.parent)
         self._last_stream = time.monotonic()
