@@ -518,3 +518,30 @@ def test_the_kernel_option_sets_the_default(jupyter_path, tmp_path):
         ok(wire, "await asyncio.sleep(0)")
     finally:
         stop_kernel(km, kc)
+
+
+def test_a_thread_that_completes_an_asyncio_future_neither_kills_the_kernel_nor_loses_the_result(
+    fresh: tuple[KernelManager, Wire],
+) -> None:
+    """asyncio leaves ``fut.set_result`` (``loop.call_soon``) from another thread undefined; on the
+    kernel's loop it reached trio's memory channel from a foreign thread and killed the kernel
+    with TrioInternalError (ipykernel's test_comm_reply_follows_requesting_subshell: a comm
+    callback on a subshell's thread completing the main cell's future). Such calls now hop
+    to the loop's thread, as call_soon_threadsafe does: the cell gets its result."""
+    km, wire = fresh
+    c, out = ok(
+        wire,
+        """
+        import asyncio, threading
+        got = []
+        for i in range(5):
+            fut = asyncio.get_running_loop().create_future()
+            threading.Timer(0.05, fut.set_result, args=(i,)).start()  # while the loop sleeps
+            got.append(await asyncio.wait_for(fut, 30))
+        got == list(range(5))
+        """,
+    )
+    assert result(out) == "True"
+    c, out = ok(wire, "await asyncio.sleep(0.01); 'alive'")
+    assert result(out) == "'alive'"
+    assert km.is_alive()

@@ -23,6 +23,11 @@ The loop is trio-asyncio's, with a kernel's overrides (:func:`_harden`):
   re-entrantly inside trio; the kernel stays alive);
 - ``run_in_executor`` / ``set_default_executor`` take any
   ``concurrent.futures.Executor`` (trio-asyncio asserts its own);
+- ``call_soon`` / ``call_later`` / ``call_at`` from another thread (what
+  ``fut.set_result`` in a thread or a comm callback on a subshell's thread
+  does) hop to the loop's thread, as ``call_soon_threadsafe`` does: asyncio
+  leaves such calls undefined, and on this loop they reached trio's run from
+  a foreign thread and ended the user run with ``TrioInternalError``;
 - the exception handler shows an error in the cell that created the task
   (:func:`_handler`; trio-asyncio's re-raises into the loop's nursery and so
   ends the loop), at the time asyncio reports it: "Task exception was never
@@ -58,6 +63,7 @@ import linecache
 import logging
 import math
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 import sniffio
@@ -350,6 +356,17 @@ def _harden(loop: Any) -> None:
     def set_default_executor(executor: Any) -> None:
         executors["default"] = executor
 
+    queue_handle = loop._queue_handle
+    loop_thread = threading.get_ident()
+    token = trio.lowlevel.current_trio_token()
+
+    def _queue_handle(handle: Any) -> Any:
+        if threading.get_ident() == loop_thread:
+            return queue_handle(handle)
+        token.run_sync_soon(queue_handle, handle)
+        return handle
+
+    loop._queue_handle = _queue_handle
     loop.run_until_complete = run_until_complete
     loop.run_forever = run_forever
     loop.stop = stop
