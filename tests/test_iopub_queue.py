@@ -890,40 +890,57 @@ def test_a_subscription_read_after_its_connection_left_does_not_end_the_hold(rig
     trio.run(main)
 
 
-# --------------------------------------------------------------------------- the quiet window (issue 12)
+# --------------------------------------------------------------------------- order across channels (issue 26)
 
 
-def test_the_quiet_window_holds_messages_until_a_status_ends_it(rig_factory: Any) -> None:
-    """IOPubQueue.quiet: what other threads queue meanwhile leaves only once a
-    status message is queued (the request's idle), in order, all together."""
+def test_an_ordered_send_runs_after_everything_queued_ahead_of_it(rig_factory: Any) -> None:
+    """IOPubQueue.put_ordered: the send (a reply, an input_request) runs in the
+    io run once every message queued before it went to the XPUB, the open
+    stream batch ahead of it included (sealed at once, not held for its 1 ms)."""
     rig = rig_factory()
     sub = rig.subscriber()
+    ran: list[tuple[int, bool]] = []
 
     async def main() -> None:
+        done = trio.Event()
+
+        def send() -> None:
+            ran.append((rig.stats.sent, rig.queue.in_io_thread))
+            done.set()
+
         async with welcomed(rig, sub) as (r, _):
-            rig.queue.quiet(30.0)
-            await trio.to_thread.run_sync(lambda: [rig.queue.put_from_thread(rig.display(i)) for i in range(2)])
-            await r.read_for(0.3)
-            assert r.non_welcome() == []  # held by the window
-            idle = rig.session.status("idle", None)
-            assert await trio.to_thread.run_sync(lambda: rig.queue.put_status_nowait(idle))
-            await r.read_until(count_is(3), 10)
-        got = [m.content.get("data", {}).get("text/plain") or m.content.get("execution_state") for m in r.non_welcome()]
-        assert got == ["0", "1", "idle"]
+
+            def produce() -> bool:
+                for i in range(3):
+                    rig.queue.put_from_thread(rig.display(i))
+                rig.queue.write_stream("stdout", "before the prompt", {"msg_id": "p"})
+                return rig.queue.put_ordered(send)
+
+            assert await trio.to_thread.run_sync(produce)  # queued: messages were ahead of it
+            await r.read_until(count_is(4), 10)
+            with trio.fail_after(10):
+                await done.wait()
+        assert ran == [(4, True)]  # all four had been handed to the XPUB, in the io run
+        assert streams(r.non_welcome()) == [("stdout", "before the prompt", "p")]
 
     trio.run(main)
 
 
-def test_the_quiet_window_ends_by_itself(rig_factory: Any) -> None:
+def test_an_ordered_send_with_nothing_ahead_is_the_callers(rig_factory: Any) -> None:
+    """The fast path: nothing queued or in flight, or the queue closed (the
+    iopub task takes nothing after its close marker): put_ordered queues
+    nothing and returns False, and the caller sends at once."""
     rig = rig_factory()
     sub = rig.subscriber()
 
     async def main() -> None:
         async with welcomed(rig, sub) as (r, _):
-            rig.queue.quiet(0.05)
-            await trio.to_thread.run_sync(lambda: rig.queue.put_from_thread(rig.display(5)))
-            await r.read_until(count_is(1), 10)  # no status came: the window ran out
-        assert [m.content["data"]["text/plain"] for m in r.non_welcome()] == ["5"]
+            assert not rig.queue.put_ordered(lambda: pytest.fail("queued with nothing ahead"))
+            await trio.to_thread.run_sync(lambda: rig.queue.put_from_thread(rig.display(0)))
+            await r.read_until(count_is(1), 10)
+            await _until(lambda: not rig.queue.put_ordered(lambda: None))  # the credit is back
+            rig.queue.close()
+            assert not rig.queue.put_ordered(lambda: pytest.fail("queued after close"))
 
     trio.run(main)
 

@@ -336,7 +336,6 @@ class KernelCore:
         if concurrent:
             lane.user_run.start_task_soon(job)
         else:
-            self._transport.quiet()  # until its idle (server/iopubqueue.py QUIET_WINDOW)
             lane.user_run.start_job_soon(job)
         await job.done.wait()
         if isinstance(job.error, KeyboardInterrupt):

@@ -26,6 +26,8 @@ thread but the io thread.
 
 from __future__ import annotations
 
+import functools
+import logging
 import threading
 from typing import TYPE_CHECKING
 
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
     from trikernel.server.messagelog import MessageLog
     from trikernel.server.sockets import TrioSocket
     from trikernel.server.switchinterval import SwitchIntervals
+
+log = logging.getLogger("trikernel.dispatch")
 
 
 class RequestServer:
@@ -129,6 +133,14 @@ class RequestServer:
         """Sign and send a reply; False when the ROUTER cannot route it
         (counted and logged by TrioSocket). Never blocks.
 
+        A shell reply leaves only after every IOPub message queued before it
+        (the request's output) was handed to the XPUB: when some are still
+        queued or in flight, the reply waits in the IOPub FIFO behind them
+        (IOPubQueue.put_ordered) and the iopub task sends it (True is
+        returned then: it is on its way; a failure is counted and logged
+        there). Control replies leave at once: kernel_info and interrupt
+        never wait behind a flood or a stalled subscriber.
+
         Runs on: the io run; for "shell" also the thread that ran the request.
 
         Raises:
@@ -136,6 +148,11 @@ class RequestServer:
                 racing the end of shutdown; the Job logs it).
         """
         frames = serialize(msg, self._signer)
+        if channel == "shell" and self._queue.put_ordered(functools.partial(self._send_queued, channel, frames)):
+            return True
+        return self._send_now(channel, frames)
+
+    def _send_now(self, channel: str, frames: list[bytes]) -> bool:
         sock = self._sockets[channel]
         if self._io_ident is not None and threading.get_ident() != self._io_ident:
             assert self._token is not None
@@ -145,6 +162,13 @@ class RequestServer:
             self._message_log.record("out", channel, frames, None if delivered else {"undelivered": True})
         return delivered
 
+    def _send_queued(self, channel: str, frames: list[bytes]) -> None:
+        """The iopub task reached a queued reply (io run): send it; never raises."""
+        try:
+            self._send_now(channel, frames)
+        except Exception:  # a socket closed at the very end of shutdown
+            log.exception("%s: a reply could not be sent", channel)
+
     async def publish(self, msg: Message) -> bool:
         """Queue an IOPub message from the io run (iopubqueue.IOPubQueue.put)."""
         return await self._queue.put(msg)
@@ -152,10 +176,6 @@ class RequestServer:
     def publish_status_nowait(self, msg: Message) -> bool:
         """Queue a status from a user thread without waiting (IOPubQueue.put_status_nowait)."""
         return self._queue.put_status_nowait(msg)
-
-    def quiet(self) -> None:
-        """Keep IOPub quiet while a short job runs (IOPubQueue.quiet)."""
-        self._queue.quiet()
 
     def receive_nowait(self, channel: str) -> Message | Empty | None:
         """The next queued message on ``channel``, parsed (None: bad input,
