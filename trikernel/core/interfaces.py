@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if TYPE_CHECKING:
     import threading
+    from collections.abc import Callable
 
     import trio
 
@@ -57,12 +58,15 @@ class Transport(Protocol):
         """Whether a reply may be sent from the thread that ran its request
         (False with ``--message-log``, which records in the io run only)."""
 
-    def send(self, channel: str, msg: Message) -> bool:
+    def send(self, channel: str, msg: Message, on_sent: Callable[[], None] | None = None) -> bool:
         """Sign and send a reply on ``channel`` ("shell" or "control").
 
         A shell reply leaves only after the IOPub messages queued before it
-        (it may wait behind them; True then). Returns False when the ROUTER cannot route it (the peer is gone or
-        past its high-water mark: counted and logged). Never blocks.
+        (it may wait behind them; True then). Returns False when the ROUTER
+        cannot route it (the peer is gone or past its high-water mark:
+        counted and logged). Never blocks. ``on_sent``: called once the
+        reply left (handed to the socket; in the io run when the io run
+        sends, as it does every failed execute's reply).
 
         Runs on: the io run; for "shell" also the thread that ran the request.
         """

@@ -129,7 +129,7 @@ class RequestServer:
         """False with ``--message-log``: the log is recorded in the io run only."""
         return self._message_log is None
 
-    def send(self, channel: str, msg: Message) -> bool:
+    def send(self, channel: str, msg: Message, on_sent: Callable[[], None] | None = None) -> bool:
         """Sign and send a reply; False when the ROUTER cannot route it
         (counted and logged by TrioSocket). Never blocks.
 
@@ -139,7 +139,8 @@ class RequestServer:
         (IOPubQueue.put_ordered) and the iopub task sends it (True is
         returned then: it is on its way; a failure is counted and logged
         there). Control replies leave at once: kernel_info and interrupt
-        never wait behind a flood or a stalled subscriber.
+        never wait behind a flood or a stalled subscriber. ``on_sent`` is
+        called right after the send (from the sending thread).
 
         Runs on: the io run; for "shell" also the thread that ran the request.
 
@@ -148,9 +149,14 @@ class RequestServer:
                 racing the end of shutdown; the Job logs it).
         """
         frames = serialize(msg, self._signer)
-        if channel == "shell" and self._queue.put_ordered(functools.partial(self._send_queued, channel, frames)):
+        if channel == "shell" and self._queue.put_ordered(
+            functools.partial(self._send_queued, channel, frames, on_sent)
+        ):
             return True
-        return self._send_now(channel, frames)
+        delivered = self._send_now(channel, frames)
+        if on_sent is not None:
+            on_sent()
+        return delivered
 
     def _send_now(self, channel: str, frames: list[bytes]) -> bool:
         sock = self._sockets[channel]
@@ -162,12 +168,17 @@ class RequestServer:
             self._message_log.record("out", channel, frames, None if delivered else {"undelivered": True})
         return delivered
 
-    def _send_queued(self, channel: str, frames: list[bytes]) -> None:
+    def _send_queued(self, channel: str, frames: list[bytes], on_sent: Callable[[], None] | None) -> None:
         """The iopub task reached a queued reply (io run): send it; never raises."""
         try:
             self._send_now(channel, frames)
         except Exception:  # a socket closed at the very end of shutdown
             log.exception("%s: a reply could not be sent", channel)
+        if on_sent is not None:
+            try:
+                on_sent()
+            except Exception:  # a bug: never take the iopub task down
+                log.exception("%s: after a reply was sent", channel)
 
     async def publish(self, msg: Message) -> bool:
         """Queue an IOPub message from the io run (iopubqueue.IOPubQueue.put)."""
