@@ -260,9 +260,13 @@ class IOPubQueue:
 
         Raises RuntimeError when called from the io thread (use :meth:`put`).
         """
-        frames = serialize(msg, self.signer)
         if self.in_io_thread:
             raise RuntimeError("IOPubQueue.put_from_thread from the io thread; use put")
+        if self.closed:  # shutdown: a thread that keeps producing must not pay the signing
+            with self._lock:
+                self.stats.dropped_closed += 1
+            return False
+        frames = serialize(msg, self.signer)
         with self._lock:
             if not self._take_credit_locked():
                 return False
