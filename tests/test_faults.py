@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from conftest import TIMEOUT, collect_outputs, execute, start_kernel, stop_kernel, wait_for_marker
+from conftest import TIMEOUT, collect_outputs, execute, start_kernel, stop_kernel, wait_for_marker, wait_ready
 
 from trikernel.conformance.client import Channels
 
@@ -176,14 +176,14 @@ def test_usage_request_on_control(kernel: Any) -> None:
 # ------------------------------------------------------------ 6. SIGINT disposition
 
 
-def _interrupt_and_time(km: Any, kc: Any, code: str = "import time; print('STARTED'); time.sleep(20)") -> float:
+def _interrupt(km: Any, kc: Any, code: str = "import time; print('STARTED'); time.sleep(600)") -> None:
+    """Interrupt a cell that would outlast the test: a KeyboardInterrupt reply
+    at all is the interrupt's (no wall-clock bound: issue 26)."""
     msg_id = kc.execute(code)
     wait_for_marker(kc, msg_id)
-    t0 = time.monotonic()
     km.interrupt_kernel()
     r = reply_of(kc, msg_id)
     assert r["content"]["ename"] == "KeyboardInterrupt", r["content"]
-    return time.monotonic() - t0
 
 
 @pytest.mark.parametrize("mode", ["signal", "message"])
@@ -198,7 +198,7 @@ def test_interrupts_survive_user_sigint_changes(jupyter_path: str, mode: str, di
         }[disposition]
         r, _ = execute(kc, f"import signal\n{setup}")
         assert r["content"]["status"] == "ok"
-        assert _interrupt_and_time(km, kc) < 1.0
+        _interrupt(km, kc)
         assert km.is_alive()
         r, _ = execute(kc, "1 + 1")
         assert r["content"]["status"] == "ok"
@@ -230,8 +230,8 @@ def test_a_kernel_started_with_sigint_ignored_gets_interrupts(jupyter_path: str,
     kc = km.client()
     kc.start_channels()
     try:
-        kc.wait_for_ready(timeout=TIMEOUT)
-        assert _interrupt_and_time(km, kc) < 1.0
+        wait_ready(km, kc)
+        _interrupt(km, kc)
     finally:
         stop_kernel(km, kc)
 
@@ -546,7 +546,7 @@ def test_interrupts_while_ipython_loads_do_not_kill_the_kernel(jupyter_path: str
         kc = km.client()
         kc.start_channels()
         try:
-            kc.wait_for_ready(timeout=TIMEOUT)  # answered by the io run, IPython still loading
+            wait_ready(km, kc)  # answered by the io run, IPython still loading
             for _ in range(20):
                 km.interrupt_kernel()
             # the last interrupts may land after IPython loaded, as interrupts
@@ -660,7 +660,7 @@ def test_a_notebook_folder_shadowing_kernel_imports_does_not_kill_it(jupyter_pat
     kc = km.client()
     kc.start_channels()
     try:
-        kc.wait_for_ready(timeout=TIMEOUT)
+        wait_ready(km, kc)
         r, out = execute(kc, "import mymodule; mymodule.VALUE")
         assert r["content"]["status"] == "ok", r["content"]
         assert [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"] == ["42"]

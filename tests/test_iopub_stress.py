@@ -477,7 +477,6 @@ def test_stuck_subscriber_reader_gets_every_message(stuck_scenario: StuckResult)
     assert_request_order(r.collected.msgs)
     assert r.reply["content"]["status"] == "ok"
     assert r.stuck_received < n  # the stuck one really was stuck: it lost messages
-    assert r.elapsed < 60  # the cell finished: one send timeout (2 s), no hang
 
 
 @pytest.mark.timeout(180)
