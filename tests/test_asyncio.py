@@ -529,7 +529,7 @@ def test_a_thread_that_completes_an_asyncio_future_neither_kills_the_kernel_nor_
     callback on a subshell's thread completing the main cell's future). Such calls now hop
     to the loop's thread, as call_soon_threadsafe does: the cell gets its result."""
     km, wire = fresh
-    c, out = ok(
+    _, out = ok(
         wire,
         """
         import asyncio, threading
@@ -542,6 +542,6 @@ def test_a_thread_that_completes_an_asyncio_future_neither_kills_the_kernel_nor_
         """,
     )
     assert result(out) == "True"
-    c, out = ok(wire, "await asyncio.sleep(0.01); 'alive'")
+    _, out = ok(wire, "await asyncio.sleep(0.01); 'alive'")
     assert result(out) == "'alive'"
     assert km.is_alive()

@@ -27,6 +27,7 @@ import trio
 from trikernel.core.badinput import BadInputLog
 from trikernel.core.interfaces import EMPTY, Empty
 from trikernel.core.kernelcore import CoreDeps, KernelCore
+from trikernel.core.lanes import CLOCK_MEMORY, AbortWindow, ClientClocks, Queued
 from trikernel.errors import KernelShuttingDown
 from trikernel.protocol.messages import MessageBuilder, kernel_info_content
 from trikernel.protocol.wire import utcnow_iso
@@ -60,7 +61,6 @@ class FakeTransport:
         self._threads = replies_from_threads
         self.log: list[Sent] = []
         self.pending: deque[Message | None] = deque()
-        self.quiets = 0
         self._changed: trio.Event | None = None
         self._token: trio.lowlevel.TrioToken | None = None
 
@@ -83,8 +83,10 @@ class FakeTransport:
     def replies_from_threads(self) -> bool:
         return self._threads
 
-    def send(self, channel: str, msg: Message) -> bool:
+    def send(self, channel: str, msg: Message, on_sent: Callable[[], None] | None = None) -> bool:
         self._note(Sent("reply", channel, msg, threading.get_ident()))
+        if on_sent is not None:
+            on_sent()
         return True
 
     async def publish(self, msg: Message) -> bool:
@@ -94,9 +96,6 @@ class FakeTransport:
     def publish_status_nowait(self, msg: Message) -> bool:
         self._note(Sent("iopub", "iopub", msg, threading.get_ident()))
         return True
-
-    def quiet(self) -> None:
-        self.quiets += 1
 
     def receive_nowait(self, channel: str) -> Message | Empty | None:
         return self.pending.popleft() if self.pending else EMPTY
@@ -330,7 +329,6 @@ def test_a_succeeded_execute_is_answered_from_the_thread_that_ran_it() -> None:
         assert reply.thread == rig.run.ident == idle.thread
         assert reply.msg.metadata["status"] == "ok"
         assert reply.msg.metadata["engine"] == rig.core.builder.session_id
-        assert rig.transport.quiets == 1
 
     drive(script)
 
@@ -611,3 +609,47 @@ def test_the_core_runs_without_zmq_or_ipython() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "core ok without zmq" in out.stdout
+
+
+# -------------------------------------------------------------------- stop_on_error's window (lanes.AbortWindow)
+
+
+def _queued(seq: int, sent: float | None, session: str = "s", msg_type: str = "execute_request") -> Queued:
+    msg = MessageBuilder().msg(msg_type, {})
+    msg.header["session"] = session
+    return Queued(msg, seq, 0.0, sent)
+
+
+def test_the_abort_window_covers_what_was_made_before_the_error_reply_left() -> None:
+    """Issue 26: a request made before the error reply left is aborted
+    however late it is read; one made after it runs. The client's clock is
+    100 s behind the kernel's: only the bound from its own requests counts."""
+    clocks = ClientClocks()
+    clocks.note("s", 899.9999, 1000.0)  # an earlier request, read 0.1 ms after it was made
+    window = AbortWindow.after(_queued(1, 900.0))
+    assert window.covers(_queued(2, None, session="other"), clocks)  # the reply has not left: all of them
+    assert not window.covers(_queued(2, 900.1, msg_type="complete_request"), clocks)  # only executes
+    window.reply_left(upto_seq=3, wall=1000.5)
+    assert window.covers(_queued(3, None, session="other"), clocks)  # read before the reply left
+    assert window.covers(_queued(4, 900.3), clocks)  # made before it left (900.3 + 100.0001 < 1000.5), read late
+    assert not window.covers(_queued(5, None, session="other"), clocks)  # another client's, read after
+    assert not window.covers(_queued(6, 900.6), clocks)  # made after the reply left
+    assert not window.covers(_queued(7, 900.35), clocks)  # the session's part ended with the first that ran
+
+
+def test_a_clients_clock_bound_is_the_least_recent_offset() -> None:
+    """The least ``now - date`` of the last CLOCK_MEMORY seconds (two buckets)."""
+    clocks = ClientClocks()
+    assert clocks.bound("s") is None
+    clocks.note("s", 10.0, 11.0)
+    clocks.note("s", 12.0, 14.0)  # read longer after it was made: the bound stays 1 s
+    assert clocks.bound("s") == 1.0
+    half = CLOCK_MEMORY / 2
+    clocks.note("s", 10.0 + half, 15.0 + half)  # a new bucket; the 1 s is in the one before
+    assert clocks.bound("s") == 1.0
+    clocks.note("s", 10.0 + 2.2 * half, 16.0 + 2.2 * half)  # another: the 1 s is forgotten
+    assert clocks.bound("s") == 5.0
+    clocks.note("s", 0.0, 1000.0)  # after a long silence, only the new observation counts
+    assert clocks.bound("s") == 1000.0
+    clocks.note(None, 0.0, 1.0)  # no session: nothing to remember
+    assert clocks.bound(None) is None

@@ -20,7 +20,7 @@ import time
 import warnings
 
 import pytest
-from conftest import TIMEOUT, execute, install_kernelspec, make_kernelspec
+from conftest import execute, install_kernelspec, make_kernelspec, wait_ready
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -64,7 +64,7 @@ def test_stolen_port_classic_fails_fast_handshake_succeeds(specs, tmp_path, monk
         kc = km.client()
         kc.start_channels()
         try:
-            kc.wait_for_ready(timeout=TIMEOUT)
+            wait_ready(km, kc)
             assert km.shell_port != stolen
             r, _ = execute(kc, "1+1")
             assert r["content"]["status"] == "ok"

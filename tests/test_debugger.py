@@ -269,13 +269,33 @@ def test_kernelspec_without_debugpy() -> None:
 # -- before the debugger starts -----------------------------------------------------------
 
 
+#: Cell code defining ``_tracing()``: every way a debugger can trace this
+#: process, by name; empty when nothing does. 3.11: sys.settrace and
+#: threading.settrace (debugpy's way there); 3.12+: also every
+#: sys.monitoring tool id (0-5) that is taken or has events on (debugpy's
+#: way there, PEP 669: it sets no sys.gettrace()).
+TRACE_PROBE = (
+    "import sys, threading\n"
+    "def _tracing():\n"
+    "    found = []\n"
+    "    if sys.gettrace() is not None:\n"
+    "        found.append(f'sys.settrace {sys.gettrace()!r}')\n"
+    "    if threading.gettrace() is not None:\n"
+    "        found.append(f'threading.settrace {threading.gettrace()!r}')\n"
+    "    mon = getattr(sys, 'monitoring', None)\n"
+    "    for tool in range(6) if mon is not None else ():\n"
+    "        if mon.get_tool(tool) is not None or mon.get_events(tool):\n"
+    "            found.append(f'sys.monitoring tool {tool} {mon.get_tool(tool)!r} events {mon.get_events(tool):#x}')\n"
+    "    return found\n"
+)
+
+
 def test_before_start_nothing_imported_or_traced(fresh: Debug) -> None:
-    """No debugpy import, no trace function until the debugger is first
+    """No debugpy import, nothing tracing (TRACE_PROBE: on 3.12+ debugpy
+    uses sys.monitoring, not sys.settrace) until the debugger is first
     turned on; cells have their murmur2 names (dumpCell's) from the first
-    one on, as under ipykernel (before, IPython's names until the start)."""
-    probe = (
-        "import sys\n_state = ('debugpy' in sys.modules, sys.gettrace() is None, sys._getframe().f_code.co_filename)"
-    )
+    one on, as under ipykernel."""
+    probe = TRACE_PROBE + "_state = ('debugpy' in sys.modules, not _tracing(), sys._getframe().f_code.co_filename)"
     assert fresh.run(probe)["status"] == "ok"
     assert fresh.run("print(_state[:2], _state[2])")["status"] == "ok"
     out = [m for m in fresh.iopub if m["msg_type"] == "stream"]
@@ -711,10 +731,19 @@ def test_disconnect_then_attach_again(fresh: Debug) -> None:
     info = fresh.ok("debugInfo")["body"]
     assert info["isStarted"] is False
     assert info["breakpoints"] == []
-    # the main thread is no longer traced (3.11: sys.settrace; the disconnect job runs before this cell)
-    assert fresh.run("import sys\nassert sys.version_info >= (3, 12) or sys.gettrace() is None")["status"] == "ok"
+    # nothing traces any more, on every Python (TRACE_PROBE); the disconnect job runs before this cell
+    reply = fresh.run(TRACE_PROBE + "assert not _tracing(), _tracing()")
+    assert reply["status"] == "ok", reply.get("evalue")
     fresh.start()
     msg_id, _, tid = fresh.stop_at(code, 2)
+    assert fresh.resume(tid, msg_id)["status"] == "ok"
+    # attached again, a thread the cell starts is traced again (3.11: threading.settrace back)
+    threaded = (
+        "import threading\ndef again():\n    a1 = 2\n    a2 = a1 + 1\n\n"
+        "th = threading.Thread(target=again, name='after-reattach')\nth.start()\nth.join()\n"
+    )
+    msg_id, _, tid = fresh.stop_at(threaded, 4)
+    assert {t["id"]: t["name"] for t in fresh.ok("threads")["body"]["threads"]}[tid] == "after-reattach"
     assert fresh.resume(tid, msg_id)["status"] == "ok"
 
 

@@ -15,10 +15,11 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from conftest import TIMEOUT, collect_outputs, execute, start_kernel, stop_kernel, wait_for_marker
+from conftest import TIMEOUT, collect_outputs, execute, start_kernel, stop_kernel, wait_for_marker, wait_ready
 
 from trikernel.conformance.client import Channels
 
@@ -71,31 +72,66 @@ def _execute_request(kc: Any, code: str) -> dict[str, Any]:
 
 
 def test_run_all_with_a_failing_first_cell_runs_none_of_the_rest(kernel: Any) -> None:
-    """ "Run All": one failing cell and 40 more sent at once; 10 of 10 trials.
+    """ "Run All": a syntax error first and 40 cells behind it; 10 of 10 trials.
 
     The 41 requests are made first and then sent back to back, as a
     frontend's Run All does; whether they reach the kernel before or after
-    the first one fails does not matter. The failing cell takes 0.2 s, so
-    that all 41 are dated within the time the kernel spent on it (the
-    window's rule 2) even when this process is descheduled for a while on
-    a loaded machine; a bare ``1/0`` fails in a few ms."""
+    the first one fails does not matter: each was made before the error
+    reply left (lanes.AbortWindow). Issue 26: with the first cell failing
+    in a few ms, 23 of 40 ran in 1 of 6 runs on a loaded machine."""
     _km, kc = kernel
     execute(kc, "ran = []")
     for trial in range(10):
-        msgs = [_execute_request(kc, "import time; time.sleep(0.2); 1/0")] + [
-            _execute_request(kc, f"ran.append({trial * 100 + i})") for i in range(40)
-        ]
+        msgs = [_execute_request(kc, "1 +")]
+        msgs += [_execute_request(kc, f"ran.append({trial * 100 + i})") for i in range(40)]
         for m in msgs:
             kc.shell_channel.send(m)
         ids = [m["header"]["msg_id"] for m in msgs]
         replies = [reply_of(kc, m) for m in ids]
-        assert replies[0]["content"]["ename"] == "ZeroDivisionError"
+        assert replies[0]["content"]["ename"] == "SyntaxError"
         enames = [r["content"].get("ename") for r in replies[1:]]
         assert enames == ["ExecutionAborted"] * 40, (trial, enames)
         # a request sent after the error reply runs normally
         r, out = execute(kc, "print(len(ran))")
         assert r["content"]["status"] == "ok"
         assert "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream") == "0\n", trial
+
+
+def test_requests_made_before_the_error_reply_are_aborted_however_late_they_come(kernel: Any) -> None:
+    """Issue 26: the client made its Run All requests, then was held up
+    (descheduled, a slow proxy in between) and sent them only after the
+    error reply had arrived. They were made before it: aborted. The first
+    request is dated 1 s back, as if held that long before it was sent: the
+    kernel then spends on it far less than the 40 others are dated after
+    it, the case the old rule ("dated before the failed request's date plus
+    the kernel's time on it") let run."""
+    _km, kc = kernel
+    execute(kc, "ran = []")  # the session's clock, seen at once (ClientClocks)
+    failing = _execute_request(kc, "1 +")
+    failing["header"]["date"] = datetime.fromtimestamp(time.time() - 1.0, UTC).isoformat()
+    later = [_execute_request(kc, f"ran.append({i})") for i in range(40)]
+    kc.shell_channel.send(failing)
+    assert reply_of(kc, failing["header"]["msg_id"])["content"]["ename"] == "SyntaxError"
+    for m in later:
+        kc.shell_channel.send(m)
+    enames = [reply_of(kc, m["header"]["msg_id"])["content"].get("ename") for m in later]
+    assert enames == ["ExecutionAborted"] * 40, enames
+    _r, out = execute(kc, "print(len(ran))")
+    assert "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream") == "0\n"
+
+
+def test_a_client_that_waits_for_each_reply_never_sees_its_next_cell_aborted(kernel: Any) -> None:
+    """Issue 26, the other half: each next request is made when the error
+    reply arrived (not waiting for idle, stop_on_error on), 20 rounds: it runs."""
+    _km, kc = kernel
+    execute(kc, "ran = []")
+    for i in range(20):
+        failed = kc.execute("1 +")
+        assert reply_of(kc, failed)["content"]["ename"] == "SyntaxError"
+        after = kc.execute(f"ran.append({i})")
+        assert reply_of(kc, after)["content"]["status"] == "ok", i
+    _r, out = execute(kc, "print(len(ran))")
+    assert "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream") == "20\n"
 
 
 # ------------------------------------------------------------ 7. unknown requests
@@ -140,14 +176,14 @@ def test_usage_request_on_control(kernel: Any) -> None:
 # ------------------------------------------------------------ 6. SIGINT disposition
 
 
-def _interrupt_and_time(km: Any, kc: Any, code: str = "import time; print('STARTED'); time.sleep(20)") -> float:
+def _interrupt(km: Any, kc: Any, code: str = "import time; print('STARTED'); time.sleep(600)") -> None:
+    """Interrupt a cell that would outlast the test: a KeyboardInterrupt reply
+    at all is the interrupt's (no wall-clock bound: issue 26)."""
     msg_id = kc.execute(code)
     wait_for_marker(kc, msg_id)
-    t0 = time.monotonic()
     km.interrupt_kernel()
     r = reply_of(kc, msg_id)
     assert r["content"]["ename"] == "KeyboardInterrupt", r["content"]
-    return time.monotonic() - t0
 
 
 @pytest.mark.parametrize("mode", ["signal", "message"])
@@ -162,7 +198,7 @@ def test_interrupts_survive_user_sigint_changes(jupyter_path: str, mode: str, di
         }[disposition]
         r, _ = execute(kc, f"import signal\n{setup}")
         assert r["content"]["status"] == "ok"
-        assert _interrupt_and_time(km, kc) < 1.0
+        _interrupt(km, kc)
         assert km.is_alive()
         r, _ = execute(kc, "1 + 1")
         assert r["content"]["status"] == "ok"
@@ -194,8 +230,8 @@ def test_a_kernel_started_with_sigint_ignored_gets_interrupts(jupyter_path: str,
     kc = km.client()
     kc.start_channels()
     try:
-        kc.wait_for_ready(timeout=TIMEOUT)
-        assert _interrupt_and_time(km, kc) < 1.0
+        wait_ready(km, kc)
+        _interrupt(km, kc)
     finally:
         stop_kernel(km, kc)
 
@@ -224,13 +260,17 @@ def test_interrupts_between_jobs_never_wedge_the_sequential_lane(jupyter_path: s
 def test_display_from_a_thread_at_shutdown_does_not_block_exit(jupyter_path: str) -> None:
     """IOPubQueue.close() used to leave producers waiting for credit forever:
     a (non-daemon) thread blocked in display() on a full queue kept the
-    process from exiting until it was killed."""
+    process from exiting until it was killed. The thread makes 20 times the
+    queue's capacity (1000) of messages: it blocks long before shutdown, and
+    what it makes after is dropped; it used to make 200000, and on a machine
+    at load 12-17 dropping the rest outlived the 30 s shutdown wait (the
+    kernel was killed: rc -15). Dropped messages are no longer signed."""
     import zmq
     from conftest import make_kernelspec
 
     make_kernelspec(jupyter_path, "trikernel-test-stuck", extra_argv=["--iopub-send-timeout", "600"])
     km, kc = start_kernel("trikernel-test-stuck")
-    km.shutdown_wait_time = 30
+    km.shutdown_wait_time = 60
     ctx = zmq.Context()
     stuck = ctx.socket(zmq.SUB)
     stuck.linger = 0
@@ -241,7 +281,7 @@ def test_display_from_a_thread_at_shutdown_does_not_block_exit(jupyter_path: str
         time.sleep(0.5)  # the stuck subscription reaches the kernel (no event from outside)
         code = (
             "import threading\nfrom IPython.display import display\n"
-            "def spam():\n    for i in range(200000):\n        display({'text/plain': 'x' * 200}, raw=True)\n"
+            "def spam():\n    for i in range(20000):\n        display({'text/plain': 'x' * 200}, raw=True)\n"
             "t = threading.Thread(target=spam)\nt.start()\nprint('STARTED')"
         )
         msg_id = kc.execute(code)
@@ -249,7 +289,7 @@ def test_display_from_a_thread_at_shutdown_does_not_block_exit(jupyter_path: str
         popen = km.provisioner.process
         time.sleep(1.0)  # the queue fills behind the stuck subscriber (no event for "full")
         km.shutdown_kernel(now=False)
-        assert popen.wait(timeout=30) == 0, "the kernel was killed instead of exiting"
+        assert popen.wait(timeout=60) == 0, "the kernel was killed instead of exiting"
     finally:
         stuck.close(linger=0)
         ctx.term()
@@ -562,7 +602,7 @@ def test_interrupts_while_ipython_loads_do_not_kill_the_kernel(jupyter_path: str
         kc = km.client()
         kc.start_channels()
         try:
-            kc.wait_for_ready(timeout=TIMEOUT)  # answered by the io run, IPython still loading
+            wait_ready(km, kc)  # answered by the io run, IPython still loading
             for _ in range(20):
                 km.interrupt_kernel()
             # the last interrupts may land after IPython loaded, as interrupts
@@ -676,7 +716,7 @@ def test_a_notebook_folder_shadowing_kernel_imports_does_not_kill_it(jupyter_pat
     kc = km.client()
     kc.start_channels()
     try:
-        kc.wait_for_ready(timeout=TIMEOUT)
+        wait_ready(km, kc)
         r, out = execute(kc, "import mymodule; mymodule.VALUE")
         assert r["content"]["status"] == "ok", r["content"]
         assert [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"] == ["42"]

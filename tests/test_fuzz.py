@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import psutil
 import pytest
 import zmq
-from conftest import execute, start_kernel, stop_kernel
+from conftest import TIMEOUT, execute, start_kernel, stop_kernel
 from fuzzer import HEAVY, KINDS, SAFE_CODE, Fuzzer, Peers, generate, load_connection
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -99,18 +99,10 @@ class Shared:
             cls.km = None
 
 
-def within(seconds: float, fn: Any) -> Any:
-    t0 = time.monotonic()
-    result = fn()
-    took = time.monotonic() - t0
-    assert took < seconds, f"took {took:.2f}s"
-    return result
-
-
 def control_kernel_info(kc: Any) -> None:
     msg = kc.session.msg("kernel_info_request")
     kc.control_channel.send(msg)
-    while kc.get_control_msg(timeout=2)["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+    while kc.get_control_msg(timeout=TIMEOUT)["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
         pass
 
 
@@ -221,8 +213,9 @@ class KernelFuzz(RuleBasedStateMachine):
         barrier(kc)
         assert Shared.peers is not None
         Shared.peers.drain(0)
-        within(1.0, lambda: control_kernel_info(kc))
-        reply, out = within(1.0, lambda: execute(kc, "1+1", timeout=2))
+        # answered at all is the invariant: a wall-clock bound fails on a loaded machine (issue 26)
+        control_kernel_info(kc)
+        reply, out = execute(kc, "1+1")
         if reply["content"].get("ename") in ("KeyboardInterrupt", "ExecutionAborted"):
             # The fuzzer's own valid input reached this cell, correctly: an
             # interrupt_request it sent while the kernel was idle lands at the
@@ -230,7 +223,7 @@ class KernelFuzz(RuleBasedStateMachine):
             # own aborted this one. The barrier orders only kc's connection:
             # the ROUTER fair-queues connections, so a fuzz request sent before
             # it can still be read after it. Ask again.
-            reply, out = within(1.0, lambda: execute(kc, "1+1", timeout=2))
+            reply, out = execute(kc, "1+1")
         assert reply["content"]["status"] == "ok", reply["content"]
         assert [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"] == ["2"]
         welcome(Shared.conn, self.ctx)

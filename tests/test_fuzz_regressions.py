@@ -87,17 +87,14 @@ class Peer:
 
 
 def assert_serving(km: Any, kc: Any) -> None:
-    """The invariants after bad input: alive; control and shell answer within 1 s."""
+    """The invariants after bad input: alive; control and shell answer (at all:
+    a wall-clock bound fails on a loaded machine, issue 26)."""
     assert km.is_alive()
-    t0 = time.monotonic()
     msg = kc.session.msg("kernel_info_request")
     kc.control_channel.send(msg)
-    while kc.get_control_msg(timeout=5)["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+    while kc.get_control_msg(timeout=TIMEOUT)["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
         pass
-    assert time.monotonic() - t0 < 1.0
-    t0 = time.monotonic()
-    reply, out = execute(kc, "1+1", timeout=5)
-    assert time.monotonic() - t0 < 1.0
+    reply, out = execute(kc, "1+1")
     assert reply["content"]["status"] == "ok"
     assert [m["content"]["data"]["text/plain"] for m in out if m["msg_type"] == "execute_result"] == ["2"]
 

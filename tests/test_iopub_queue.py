@@ -24,6 +24,7 @@ import socket
 import struct
 import threading
 import time
+import warnings
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -86,12 +87,18 @@ class Rig:
         assert self.xpub.poll(int(timeout * 1000), zmq.POLLIN), "subscription never arrived"
 
     def close(self) -> None:
+        """As the kernel's BoundSockets.close: libzmq's end of the monitor first
+        (a monitor torn down under a live XPUB can assert in libzmq while the
+        context terminates: libzmq#2083), then every socket at LINGER 0, then
+        the context, so that nothing it still owns keeps term() waiting."""
+        if self.publisher.subscribers.monitor is not None and not self.xpub.closed:
+            self.xpub.disable_monitor()
         for s in self.subs:
             s.close(linger=0)
         self.xpub.close(linger=0)
         if self.publisher.subscribers.monitor is not None:
             self.publisher.subscribers.monitor.close(linger=0)
-        self.ctx.term()
+        self.ctx.destroy(linger=0)
 
 
 def make_rig(
@@ -136,8 +143,11 @@ def rig_factory() -> Any:
         return r
 
     yield factory
-    for r in rigs:
-        r.close()
+    for r in rigs:  # every rig, even after one failed to close
+        try:
+            r.close()
+        except Exception as exc:
+            warnings.warn(f"a test rig did not close cleanly: {exc!r}", stacklevel=1)
 
 
 class Reader:
@@ -301,14 +311,12 @@ def test_first_write_leaves_promptly(rig_factory: Any) -> None:
 
     async def main() -> None:
         async with welcomed(rig, sub) as (r, _):
-            t0 = time.monotonic()
             await trio.to_thread.run_sync(
                 lambda: (rig.queue.write_stream("stdout", "hello", {}), rig.queue.write_stream("stdout", "\n", {}))
             )
-            await r.read_until(lambda m: bool(streams(m)), 5)
-            dt = time.monotonic() - t0
+            # nothing else is queued to seal it: it leaves by itself (held only FIRST_WRITE_DELAY)
+            await r.read_until(lambda m: bool(streams(m)), 30)
         assert streams(r.msgs) == [("stdout", "hello\n", "")]  # text + newline: one message
-        assert dt < 0.25, f"first write took {dt:.3f}s to leave"
 
     trio.run(main)
 
@@ -420,10 +428,8 @@ def test_backpressure_blocks_producers_at_capacity(rig_factory: Any) -> None:
     # an open stream batch still takes text without a credit (no block)
     rig2 = rig_factory(capacity=1)
     rig2.queue.write_stream("stdout", "a", {})
-    t0 = time.monotonic()
-    for _ in range(1000):
+    for _ in range(1000):  # with no credit left, a write that needed one would block here for good
         rig2.queue.write_stream("stdout", "b", {})
-    assert time.monotonic() - t0 < 1
     assert len(rig2.queue) == 1
 
     async def main() -> None:
@@ -517,7 +523,10 @@ def test_nodrop_waits_for_slow_subscriber_without_loss(rig_factory: Any) -> None
 
 def test_stuck_subscriber_falls_back_live_one_gets_all(rig_factory: Any, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="trikernel.iopub")
-    rig = rig_factory(capacity=100, sndhwm=50, send_timeout=0.5, warn_after=0.2)
+    # SNDHWM 500: the live reader (this same trio run) may fall that far behind
+    # on a loaded machine before a lossy send would skip it too; the stuck one
+    # fills it (small OS buffers) and is cut off
+    rig = rig_factory(capacity=100, sndhwm=500, send_timeout=0.5, warn_after=0.2, sndbuf=4096)
     live = rig.subscriber()
     stuck = rig.subscriber(rcvhwm=1, rcvbuf=4096)
     n = 5000
@@ -532,14 +541,11 @@ def test_stuck_subscriber_falls_back_live_one_gets_all(rig_factory: Any, caplog:
                 for i in range(n):
                     await rig.queue.put(rig.display(i, pad=500))
 
-            t0 = time.monotonic()
             nursery.start_soon(produce)
-            await rl.read_until(count_is(n), 30)
-            elapsed = time.monotonic() - t0
+            await rl.read_until(count_is(n), 120)  # bounds a hang; no wall-clock claim (issue 26)
         assert [int(m.content["data"]["text/plain"]) for m in rl.non_welcome()] == list(range(n))
         assert rig.stats.fallback_drops >= 1
         assert rig.stats.waits >= 1
-        assert elapsed < 20
         text = caplog.text
         assert "a subscriber is not reading" in text
         assert "stalled past the 0.5s send timeout" in text
@@ -892,40 +898,57 @@ def test_a_subscription_read_after_its_connection_left_does_not_end_the_hold(rig
     trio.run(main)
 
 
-# --------------------------------------------------------------------------- the quiet window (issue 12)
+# --------------------------------------------------------------------------- order across channels (issue 26)
 
 
-def test_the_quiet_window_holds_messages_until_a_status_ends_it(rig_factory: Any) -> None:
-    """IOPubQueue.quiet: what other threads queue meanwhile leaves only once a
-    status message is queued (the request's idle), in order, all together."""
+def test_an_ordered_send_runs_after_everything_queued_ahead_of_it(rig_factory: Any) -> None:
+    """IOPubQueue.put_ordered: the send (a reply, an input_request) runs in the
+    io run once every message queued before it went to the XPUB, the open
+    stream batch ahead of it included (sealed at once, not held for its 1 ms)."""
     rig = rig_factory()
     sub = rig.subscriber()
+    ran: list[tuple[int, bool]] = []
 
     async def main() -> None:
+        done = trio.Event()
+
+        def send() -> None:
+            ran.append((rig.stats.sent, rig.queue.in_io_thread))
+            done.set()
+
         async with welcomed(rig, sub) as (r, _):
-            rig.queue.quiet(30.0)
-            await trio.to_thread.run_sync(lambda: [rig.queue.put_from_thread(rig.display(i)) for i in range(2)])
-            await r.read_for(0.3)
-            assert r.non_welcome() == []  # held by the window
-            idle = rig.session.status("idle", None)
-            assert await trio.to_thread.run_sync(lambda: rig.queue.put_status_nowait(idle))
-            await r.read_until(count_is(3), 10)
-        got = [m.content.get("data", {}).get("text/plain") or m.content.get("execution_state") for m in r.non_welcome()]
-        assert got == ["0", "1", "idle"]
+
+            def produce() -> bool:
+                for i in range(3):
+                    rig.queue.put_from_thread(rig.display(i))
+                rig.queue.write_stream("stdout", "before the prompt", {"msg_id": "p"})
+                return rig.queue.put_ordered(send)
+
+            assert await trio.to_thread.run_sync(produce)  # queued: messages were ahead of it
+            await r.read_until(count_is(4), 10)
+            with trio.fail_after(10):
+                await done.wait()
+        assert ran == [(4, True)]  # all four had been handed to the XPUB, in the io run
+        assert streams(r.non_welcome()) == [("stdout", "before the prompt", "p")]
 
     trio.run(main)
 
 
-def test_the_quiet_window_ends_by_itself(rig_factory: Any) -> None:
+def test_an_ordered_send_with_nothing_ahead_is_the_callers(rig_factory: Any) -> None:
+    """The fast path: nothing queued or in flight, or the queue closed (the
+    iopub task takes nothing after its close marker): put_ordered queues
+    nothing and returns False, and the caller sends at once."""
     rig = rig_factory()
     sub = rig.subscriber()
 
     async def main() -> None:
         async with welcomed(rig, sub) as (r, _):
-            rig.queue.quiet(0.05)
-            await trio.to_thread.run_sync(lambda: rig.queue.put_from_thread(rig.display(5)))
-            await r.read_until(count_is(1), 10)  # no status came: the window ran out
-        assert [m.content["data"]["text/plain"] for m in r.non_welcome()] == ["5"]
+            assert not rig.queue.put_ordered(lambda: pytest.fail("queued with nothing ahead"))
+            await trio.to_thread.run_sync(lambda: rig.queue.put_from_thread(rig.display(0)))
+            await r.read_until(count_is(1), 10)
+            await _until(lambda: not rig.queue.put_ordered(lambda: None))  # the credit is back
+            rig.queue.close()
+            assert not rig.queue.put_ordered(lambda: pytest.fail("queued after close"))
 
     trio.run(main)
 

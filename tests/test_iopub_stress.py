@@ -135,16 +135,16 @@ class Collected:
 
 
 def collect(kc: ValidatingClient, msg_id: str, timeout: float) -> Collected:
-    """IOPub messages of ``msg_id`` up to its idle; on timeout returns what
-    arrived (``idle`` False) so a lost idle is counted, not just an error."""
+    """IOPub messages of ``msg_id`` up to its idle. ``timeout`` bounds the
+    silence, not the whole: when no message at all arrives for that long,
+    returns what arrived (``idle`` False) so a lost idle is counted, not
+    just an error. A total deadline cut 30000 messages off while they were
+    still arriving on a loaded machine (issue 26): a clock on throughput,
+    which is bench/'s business. The pytest timeout bounds the whole."""
     c = Collected()
-    deadline = time.monotonic() + timeout
     while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return c
         try:
-            msg = kc.get_iopub_msg(timeout=left)
+            msg = kc.get_iopub_msg(timeout=timeout)
         except queue.Empty:
             return c
         if msg["parent_header"].get("msg_id") != msg_id:
@@ -332,7 +332,12 @@ def test_client_without_server_key_gets_nothing(started: Any) -> None:
         assert stdout_of(out) == "secret output\n"
         k.kc.kernel_info()
         assert k.kc.get_shell_msg(timeout=10)["msg_type"] == "kernel_info_reply"
-        assert k.kc.hb_channel.is_beating()
+        # is_beating() is False for a while after one beat went unanswered for
+        # 1 s (a starved machine misses some): wait for a beat, not a clock
+        beats_by = time.monotonic() + TIMEOUT
+        while not k.kc.hb_channel.is_beating():
+            assert time.monotonic() < beats_by, "the CURVE client's heartbeat never answered"
+            time.sleep(0.1)
         poller = zmq.Poller()
         for socks in rogues:
             for s in socks:
@@ -349,7 +354,7 @@ def test_client_without_server_key_gets_nothing(started: Any) -> None:
 # --------------------------------------------------------------------------- slow and stuck subscribers
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # bounds a hang: no claim on speed (issue 26)
 def test_slow_subscriber_gets_everything(started: Any, specs: dict[str, str]) -> None:
     # the patient spec (60 s send timeout): on a loaded machine the client's
     # reader can pause longer than the default 5 s, which is not this test's point
@@ -378,7 +383,7 @@ def test_slow_subscriber_gets_everything(started: Any, specs: dict[str, str]) ->
     assert stats["fallback_drops"] == "0"
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # bounds a hang: no claim on speed (issue 26)
 def test_second_client_joining_costs_a_slow_client_nothing(started: Any, specs: dict[str, str]) -> None:
     """A client behind by more than the kernel's SNDHWM (reads 4 s late; the
     kernel waits on it) while a second client connects: the first must not
@@ -407,7 +412,7 @@ def test_second_client_joining_costs_a_slow_client_nothing(started: Any, specs: 
     reader.start()
     try:
         time.sleep(2.0)
-        c = collect(k.kc, msg_id, 30)  # lossless: ~3 s; a lost idle would wait forever
+        c = collect(k.kc, msg_id, 30)  # lossless: ~3 s idle; a lost idle: 30 s of silence
     finally:
         stop.set()
         reader.join(5)
@@ -462,7 +467,7 @@ def stuck_scenario(specs: dict[str, str], tmp_path_factory: pytest.TempPathFacto
         k.stop()
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # bounds a hang: no claim on speed (issue 26)
 def test_stuck_subscriber_reader_gets_every_message(stuck_scenario: StuckResult) -> None:
     r = stuck_scenario
     n = 20000
@@ -477,10 +482,9 @@ def test_stuck_subscriber_reader_gets_every_message(stuck_scenario: StuckResult)
     assert_request_order(r.collected.msgs)
     assert r.reply["content"]["status"] == "ok"
     assert r.stuck_received < n  # the stuck one really was stuck: it lost messages
-    assert r.elapsed < 60  # the cell finished: one send timeout (2 s), no hang
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # bounds a hang: no claim on speed (issue 26)
 def test_stuck_subscriber_fallback_is_logged(stuck_scenario: StuckResult) -> None:
     log = stuck_scenario.log
     assert "iopub: a subscriber is not reading; waited" in log
@@ -488,7 +492,7 @@ def test_stuck_subscriber_fallback_is_logged(stuck_scenario: StuckResult) -> Non
     assert "Other subscribers receive everything." in log
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # bounds a hang: no claim on speed (issue 26)
 def test_magic_shows_fallback_drops(stuck_scenario: StuckResult) -> None:
     s = stuck_scenario.stats
     print(f"%trikernel after stuck scenario: {s}")

@@ -33,6 +33,7 @@ from conftest import (
     stdout_of,
     stop_kernel,
     wait_for_marker,
+    wait_ready,
     which,
 )
 from jupyter_client.blocking.client import BlockingKernelClient
@@ -367,7 +368,7 @@ def test_connect_info_attaches_a_second_client(tk, tmp_path):
     other.load_connection_file(str(path))
     other.start_channels()
     try:
-        other.wait_for_ready(timeout=TIMEOUT)
+        wait_ready(None, other)
         reply, out = execute(other, "print(6 * 7)")
         assert reply["content"]["status"] == "ok"
         assert stdout_of(out) == "42\n"

@@ -15,12 +15,12 @@ import os
 import stat
 import sys
 import textwrap
-import time
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from conftest import wait_ready
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.provisioning import LocalProvisioner
@@ -106,7 +106,7 @@ def run_code(km: KernelManager, code: str) -> str:
     kc = km.client()
     kc.start_channels()
     try:
-        kc.wait_for_ready(timeout=60)
+        wait_ready(km, kc)
         results: list[str] = []
 
         def hook(msg: dict[str, Any]) -> None:
@@ -237,13 +237,13 @@ def test_default_provisioner_name_selects_it_globally(tmp_path: Path, monkeypatc
 @pytest.mark.timeout(60)
 def test_kernel_that_exits_at_once_fails_fast_with_code_and_stderr(tmp_path: Path) -> None:
     code = "import sys; sys.stderr.write('boom: cannot start\\n'); sys.exit(3)"
-    ksm = make_spec(tmp_path, "dies", [sys.executable, "-c", code, "{connection_file}"])
+    # a handshake timeout longer than this test's: failing at all is failing at once
+    ksm = make_spec(
+        tmp_path, "dies", [sys.executable, "-c", code, "{connection_file}"], config={"handshake_timeout": 600}
+    )
     km = make_km(tmp_path, "dies", ksm)
-    t0 = time.monotonic()
     with pytest.raises(HandshakeError) as info:
         km.start_kernel()
-    elapsed = time.monotonic() - t0
-    assert elapsed < 10, elapsed  # the 30 s handshake timeout is not waited out
     msg = str(info.value)
     assert "exited with code 3" in msg
     assert "boom: cannot start" in msg
@@ -261,10 +261,8 @@ def test_silent_kernel_is_killed_after_timeout(tmp_path: Path) -> None:
         config={"handshake_timeout": 1.5},
     )
     km = make_km(tmp_path, "silent", ksm)
-    t0 = time.monotonic()
-    with pytest.raises(HandshakeError, match="did not register") as info:
+    with pytest.raises(HandshakeError, match="did not register") as info:  # the pytest timeout bounds a hang
         km.start_kernel()
-    assert time.monotonic() - t0 < 10
     assert "killed" in str(info.value)
     prov = km.provisioner
     assert isinstance(prov, HandshakeProvisioner)

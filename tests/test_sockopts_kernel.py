@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import zmq
+from conftest import wait_ready
 
 from trikernel.errors import ConfigError
 from trikernel.server.sockopts import CHANNELS, ENV_VAR, resolve
@@ -345,7 +346,7 @@ def _burst_to_stalled_subscriber(k: RunningKernel) -> int:
         client.load_connection_file(str(k.conn))
         client.start_channels(shell=True, iopub=True, stdin=False, hb=False)
         try:
-            client.wait_for_ready(timeout=START_TIMEOUT)
+            wait_ready(None, client, START_TIMEOUT)
             msg_id = client.execute(BURST_CODE, store_history=False)
             while True:
                 reply = client.get_shell_msg(timeout=START_TIMEOUT)
@@ -449,7 +450,7 @@ def test_installed_kernelspec_carries_options(tmp_path: Path) -> None:
         try:
             client = km.client()
             client.start_channels()
-            client.wait_for_ready(timeout=START_TIMEOUT)
+            wait_ready(km, client, START_TIMEOUT)
             client.stop_channels()
         finally:
             km.shutdown_kernel(now=True)

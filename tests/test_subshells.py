@@ -203,24 +203,21 @@ def test_subshell_answers_while_main_sleeps(wire: Wire, subshell: str) -> None:
         "c.on_msg(lambda m: (ran.append(threading.current_thread().name), print('handled')))"
     )
     comm_id = stdout(wire.run("print(c.comm_id)")[1]).strip()
-    main = wire.execute("print('SLEEPING', flush=True); time.sleep(3)")
+    wire.run("release = threading.Event()")
+    # the main shell is busy until the test releases it, after the subshell answered:
+    # answered while it was busy, by construction (no wall-clock bound, issue 26)
+    main = wire.execute("print('SLEEPING', flush=True); release.wait(120)")
     wire.wait_printed(main, "SLEEPING")
-    t0 = time.monotonic()
     reply, outputs = wire.run("1 + 1", subshell)
-    latency = time.monotonic() - t0
     assert reply["content"]["status"] == "ok"
     assert [m["content"]["data"]["text/plain"] for m in outputs if m["msg_type"] == "execute_result"] == ["2"]
-    assert latency < 0.5, latency
-    t0 = time.monotonic()
     msg_id = wire.send("comm_msg", {"comm_id": comm_id, "data": {"x": 1}}, subshell)
     comm_outputs = wire.outputs(msg_id)
-    comm_latency = time.monotonic() - t0
     assert "handled" in stdout(comm_outputs)  # output parented to the comm message
-    assert comm_latency < 0.5, comm_latency
+    wire.run("release.set()", subshell)
     assert wire.reply(main)["content"]["status"] == "ok"
     assert wire.outputs(main)
     assert stdout(wire.run("print(ran)")[1]).strip() == f"['trikernel-subshell-{subshell}']"
-    print(f"\nsubshell 1+1 while main sleeps: {latency * 1000:.1f} ms; comm_msg: {comm_latency * 1000:.1f} ms")
 
 
 def test_namespace_is_shared(wire: Wire, subshell: str) -> None:
@@ -244,13 +241,14 @@ def test_history_is_shared(wire: Wire, subshell: str) -> None:
 
 
 def test_three_subshells_sleep_at_once(wire: Wire) -> None:
+    """Three subshells run at once: each cell waits at a barrier of three,
+    which only three cells running together pass (in turn, the first would
+    wait out the barrier's timeout and raise BrokenBarrierError)."""
     ids = [wire.create() for _ in range(3)]
-    t0 = time.monotonic()
-    msg_ids = [wire.execute("time.sleep(1)", sid) for sid in ids]
-    replies = [wire.reply(m) for m in msg_ids]
-    elapsed = time.monotonic() - t0
-    assert all(r["content"]["status"] == "ok" for r in replies)
-    assert 1.0 <= elapsed < 2.0, elapsed
+    wire.run("at_once = threading.Barrier(3, timeout=120)")
+    msg_ids = [wire.execute("at_once.wait(); time.sleep(0.1)", sid) for sid in ids]
+    replies = [wire.reply(m, timeout=150) for m in msg_ids]
+    assert all(r["content"]["status"] == "ok" for r in replies), [r["content"] for r in replies]
     for sid in ids:
         wire.delete(sid)
 
@@ -370,13 +368,14 @@ def test_stdin_per_subshell(wire: Wire, subshell: str) -> None:
 # -- deleting, interrupting, shutting down ---------------------------------------------------
 def test_deleting_a_busy_subshell(wire: Wire) -> None:
     subshell_id = wire.create()
-    running = wire.execute("print('SLEEPING', flush=True); time.sleep(1); print('finished')", subshell_id)
+    wire.run("go_on = threading.Event()")
+    running = wire.execute("print('SLEEPING', flush=True); go_on.wait(120); print('finished')", subshell_id)
     queued = wire.execute("print('never')", subshell_id)
     wire.wait_printed(running, "SLEEPING")
-    t0 = time.monotonic()
+    # answered while its cell still waits (released only below), not after it
     assert wire.delete(subshell_id) == {"status": "ok"}
-    assert time.monotonic() - t0 < 0.5  # answered at once, not after the running cell
     assert subshell_id not in wire.list()
+    wire.run("go_on.set()")
     assert wire.reply(running)["content"]["status"] == "ok"  # the current request ends normally
     assert "finished" in stdout(wire.outputs(running))
     content = wire.reply(queued)["content"]
@@ -394,18 +393,18 @@ def test_interrupt_reaches_main_and_busy_subshells(fresh: tuple[KernelManager, W
     km, w = fresh
     w.run("import time, trio")
     sync_id, async_id, idle_id = w.create(), w.create(), w.create()
-    main = w.execute("print('M', flush=True); time.sleep(30)")
+    # cells that would outlast the test: a reply at all is the interrupt's (no wall-clock bound, issue 26)
+    main = w.execute("print('M', flush=True); time.sleep(600)")
     spin = w.execute("print('S', flush=True)\nwhile True: pass", sync_id)
-    wait = w.execute("print('A', flush=True); await trio.sleep(30)", async_id)
+    wait = w.execute("print('A', flush=True); await trio.sleep(600)", async_id)
     for msg_id, marker in ((main, "M"), (spin, "S"), (wait, "A")):
         w.wait_printed(msg_id, marker)
     t0 = time.monotonic()
     km.interrupt_kernel()
     for msg_id in (main, spin, wait):
-        content = w.reply(msg_id, timeout=5)["content"]
+        content = w.reply(msg_id, timeout=TIMEOUT)["content"]
         assert (content["status"], content["ename"]) == ("error", "KeyboardInterrupt"), content
     elapsed = time.monotonic() - t0
-    assert elapsed < 2, elapsed
     # every lane keeps serving, the idle subshell was not disturbed
     for sid in (None, sync_id, async_id, idle_id):
         assert w.run("1", sid)[0]["content"]["status"] == "ok"
@@ -511,7 +510,7 @@ def test_shutdown_with_busy_subshells(fresh: tuple[KernelManager, Wire]) -> None
     msg = w.kc.session.msg("shutdown_request", {"restart": False})
     w.kc.control_channel.send(msg)
     assert w.kc.get_control_msg(timeout=TIMEOUT)["content"]["status"] == "ok"
-    code = proc.wait(timeout=20)
+    code = proc.wait(timeout=60)
     elapsed = time.monotonic() - t0
     assert code == 0, code
     print(f"\nshutdown with 3 busy subshells: exit 0 after {elapsed:.2f} s")

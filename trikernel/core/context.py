@@ -44,12 +44,15 @@ STATUS_DEADLINE = 1.0
 
 
 class Reply(NamedTuple):
-    """What a handler returns: the reply's ``content`` and ``metadata``, and
-    ``after``, called once idle is queued (shutdown starts there)."""
+    """What a handler returns: the reply's ``content`` and ``metadata``;
+    ``after``, called once idle is queued (shutdown starts there);
+    ``on_sent``, called (io run) right after the reply left (a failed
+    execute's stop_on_error window ends its first part there)."""
 
     content: dict[str, Any]
     metadata: dict[str, Any] | None = None
     after: Callable[[], None] | None = None
+    on_sent: Callable[[], None] | None = None
 
 
 class RequestContext:
@@ -136,11 +139,17 @@ class RequestContext:
             self.idle_sent = True
         return True
 
-    def reply(self, content: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:
-        """Send the reply unless it has left already (io run; never blocks)."""
+    def reply(
+        self,
+        content: dict[str, Any],
+        metadata: dict[str, Any] | None = None,
+        on_sent: Callable[[], None] | None = None,
+    ) -> None:
+        """Send the reply unless it has left already (io run; never blocks);
+        ``on_sent``: called in the io run once it has left (Transport.send)."""
         if self.replied:
             return
-        self._transport.send(self.channel, self._builder.reply(self.msg, content, metadata=metadata))
+        self._transport.send(self.channel, self._builder.reply(self.msg, content, metadata=metadata), on_sent)
         self.replied = True
 
     async def idle(self) -> None:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if TYPE_CHECKING:
     import threading
+    from collections.abc import Callable
 
     import trio
 
@@ -57,11 +58,15 @@ class Transport(Protocol):
         """Whether a reply may be sent from the thread that ran its request
         (False with ``--message-log``, which records in the io run only)."""
 
-    def send(self, channel: str, msg: Message) -> bool:
+    def send(self, channel: str, msg: Message, on_sent: Callable[[], None] | None = None) -> bool:
         """Sign and send a reply on ``channel`` ("shell" or "control").
 
-        Returns False when the ROUTER cannot route it (the peer is gone or
-        past its high-water mark: counted and logged). Never blocks.
+        A shell reply leaves only after the IOPub messages queued before it
+        (it may wait behind them; True then). Returns False when the ROUTER
+        cannot route it (the peer is gone or past its high-water mark:
+        counted and logged). Never blocks. ``on_sent``: called once the
+        reply left (handed to the socket; in the io run when the io run
+        sends, as it does every failed execute's reply).
 
         Runs on: the io run; for "shell" also the thread that ran the request.
         """
@@ -75,10 +80,6 @@ class Transport(Protocol):
         """Queue a ``status`` from a user thread without waiting (a credit or
         the io overdraft); False when neither is left, and the io run then
         publishes it. Runs on: any thread but the io thread."""
-
-    def quiet(self) -> None:
-        """Keep IOPub quiet for a moment while a short job runs (the iopub
-        task then does not take the GIL from it). Runs on: the io run."""
 
     def receive_nowait(self, channel: str) -> Message | Empty | None:
         """The next message already queued on ``channel``, parsed; None when

@@ -10,8 +10,9 @@ table is table.py; the handlers control.py and requests.py; the bracket
 context.py; the lanes and the stop_on_error window lanes.py.
 
 ``stop_on_error`` (spec "Execute"): when an ``execute_request`` fails, every
-``execute_request`` sent before the failure is answered without running —
-only execute requests; complete, inspect and the rest are served normally.
+``execute_request`` made before the client could see its error reply is
+answered without running — only execute requests; complete, inspect and
+the rest are served normally.
 :class:`~trikernel.core.lanes.AbortWindow` decides which.
 
 Runs on: the io thread's trio run (:meth:`KernelCore.subshell_ids`: any thread).
@@ -20,6 +21,7 @@ Runs on: the io thread's trio run (:meth:`KernelCore.subshell_ids`: any thread).
 from __future__ import annotations
 
 import logging
+import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,7 +33,7 @@ from trikernel.core.badinput import short
 from trikernel.core.context import RequestContext
 from trikernel.core.interfaces import Empty
 from trikernel.core.job import Job
-from trikernel.core.lanes import AbortWindow, Lanes, Queued, SequentialLane
+from trikernel.core.lanes import AbortWindow, ClientClocks, Lanes, Queued, SequentialLane, posix_time
 from trikernel.core.routes import Lane
 from trikernel.core.table import REFUSED, route_of
 from trikernel.errors import JobFailed, JobInterrupted, KernelShuttingDown, ProtocolError
@@ -105,6 +107,7 @@ class KernelCore:
         self._ready = trio.Event()
         self._shell_seq = 0
         self.lanes = Lanes(SequentialLane.open(None, deps.main_run, self._ready))
+        self.clocks = ClientClocks()  # the clients' clocks, for stop_on_error (lanes.AbortWindow)
         self._limiter = trio.CapacityLimiter(CONCURRENT_LIMIT)
         # the debug lane: one request at a time, FIFO (ipykernel#1412: two
         # variables requests bracketed at once gave busy, busy, idle, idle)
@@ -216,6 +219,7 @@ class KernelCore:
         if channel == "control" and self._d.on_control is not None:
             self._d.on_control(msg)
         route = REFUSED if isinstance(msg, Refused) else route_of(channel, msg.msg_type)
+        sent = self._clock(msg)
         if route.lane is Lane.IO:
             await self.bracket(channel, msg, route.handler)
             return
@@ -227,7 +231,7 @@ class KernelCore:
             await self.bracket(channel, msg, requests.unknown_subshell)
         elif route.lane is Lane.SEQUENTIAL:
             try:
-                await lane.send.send(self._arrival(msg))
+                await lane.send.send(self._arrival(msg, sent))
             except trio.ClosedResourceError:  # deleted while this waited for room
                 await self.bracket(channel, msg, requests.subshell_deleted)
         else:
@@ -235,9 +239,17 @@ class KernelCore:
             await self._limiter.acquire_on_behalf_of(borrower)
             self._nursery.start_soon(self._limited, self._limiter, channel, msg, route, borrower, lane)
 
-    def _arrival(self, msg: Message) -> Queued:
+    def _arrival(self, msg: Message, sent: float | None) -> Queued:
         self._shell_seq += 1
-        return Queued(msg, self._shell_seq, trio.current_time())
+        return Queued(msg, self._shell_seq, trio.current_time(), sent)
+
+    def _clock(self, msg: Message) -> float | None:
+        """``msg``'s header date (POSIX seconds, the client's clock), noted
+        in the client's clock bound (lanes.ClientClocks); None if it has none."""
+        sent = posix_time(msg.header.get("date"))
+        if sent is not None:
+            self.clocks.note(msg.header.get("session"), sent, time.time())
+        return sent
 
     # -- the bracket ---------------------------------------------------------------------
     async def bracket(
@@ -275,7 +287,7 @@ class KernelCore:
                 )
                 reply = self._error_reply(msg, exc)
             if reply is not None:
-                ctx.reply(reply.content, reply.metadata)
+                ctx.reply(reply.content, reply.metadata, on_sent=reply.on_sent)
         finally:
             await ctx.idle()
         if reply is not None and reply.after is not None:
@@ -296,7 +308,7 @@ class KernelCore:
                 handler: Callable[[CoreServices, RequestContext], Awaitable[Reply | None]]
                 if lane.deleted:
                     handler = requests.subshell_deleted
-                elif lane.abort.covers(q):
+                elif lane.abort.covers(q, self.clocks):
                     handler = requests.aborted
                 else:
                     handler = route_of("shell", q.msg.msg_type).handler
@@ -360,7 +372,6 @@ class KernelCore:
         if concurrent:
             lane.user_run.start_task_soon(job)
         else:
-            self._transport.quiet()  # until its idle (server/iopubqueue.py QUIET_WINDOW)
             lane.user_run.start_job_soon(job)
         await job.done.wait()
         if isinstance(job.error, KeyboardInterrupt):
@@ -370,17 +381,24 @@ class KernelCore:
         return job.result
 
     # -- stop_on_error ---------------------------------------------------------------------
-    def start_abort(self, lane: SequentialLane, failed: Queued) -> None:
+    def start_abort(self, lane: SequentialLane, failed: Queued) -> Callable[[], None]:
         """stop_on_error: open ``lane``'s abort window for ``failed`` (before
-        its reply leaves, so nothing sent after the client saw it is covered)."""
-        self._drain_shell()
-        log.debug(
-            "stop_on_error: aborting execute requests up to #%d, and of session %s sent before %s",
-            self._shell_seq,
-            failed.msg.header.get("session"),
-            failed.msg.header.get("date"),
-        )
-        lane.abort = AbortWindow.after(failed, self._shell_seq, trio.current_time())
+        its reply is handed to the transport). Returns the callback for the
+        moment the error reply leaves (``Transport.send``'s ``on_sent``):
+        the shell socket is drained then, and the window knows its end
+        (lanes.AbortWindow)."""
+        window = lane.abort = AbortWindow.after(failed)
+
+        def reply_left() -> None:
+            self._drain_shell()
+            window.reply_left(self._shell_seq, time.time())
+            log.debug(
+                "stop_on_error: aborting execute requests up to #%d, and of session %s made before the reply left",
+                self._shell_seq,
+                window.session,
+            )
+
+        return reply_left
 
     def _drain_shell(self) -> None:
         """Move every message already queued on the shell channel into the
@@ -393,13 +411,14 @@ class KernelCore:
             if msg is None:
                 continue
             route = REFUSED if isinstance(msg, Refused) else route_of("shell", msg.msg_type)
+            sent = self._clock(msg)
             lane = self.lanes.of(msg) if route.lane is not Lane.IO else None
             if route.lane is Lane.IO:
                 self._nursery.start_soon(self.bracket, "shell", msg, route.handler)
             elif lane is None:
                 self._nursery.start_soon(self.bracket, "shell", msg, requests.unknown_subshell)
             elif route.lane is Lane.SEQUENTIAL:
-                lane.send.send_nowait(self._arrival(msg))
+                lane.send.send_nowait(self._arrival(msg, sent))
             else:
                 self._nursery.start_soon(self._concurrent_waiting, msg, route, lane)
 

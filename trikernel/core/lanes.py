@@ -3,7 +3,8 @@
 A :class:`SequentialLane` is where the shell requests of one (sub)shell
 wait and are served one at a time: its bounded backlog, its stop_on_error
 :class:`AbortWindow`, the request it serves and the user run its jobs go
-to. :class:`Lanes` is the one list of the subshells that exist (their
+to. :class:`ClientClocks` bounds each client's clock for the window.
+:class:`Lanes` is the one list of the subshells that exist (their
 threads are the user side's: ``SubshellRuns``).
 
 Runs on: the io run, except :meth:`Lanes.subshell_ids` (any thread).
@@ -11,6 +12,7 @@ Runs on: the io run, except :meth:`Lanes.subshell_ids` (any thread).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -30,12 +32,15 @@ class Queued:
     """A shell request waiting for its sequential lane.
 
     ``seq``: its arrival number on the shell channel; ``arrived``:
-    ``trio.current_time()`` when it was read (seconds).
+    ``trio.current_time()`` when it was read (seconds); ``sent``: its header
+    ``date`` in POSIX seconds (the client's clock), or None (absent or
+    unparsable).
     """
 
     msg: Message
     seq: int
     arrived: float
+    sent: float | None = None
 
 
 def posix_time(date: Any) -> float | None:
@@ -51,53 +56,113 @@ def posix_time(date: Any) -> float | None:
     return dt.timestamp()
 
 
+#: Seconds an observation of a client's clock is trusted (ClientClocks):
+#: two clocks that drift apart by 100 ppm move 1 ms apart in that time,
+#: less than any client's round trip.
+CLOCK_MEMORY = 10.0
+#: Client sessions whose clocks are remembered at once (the oldest is forgotten).
+CLOCK_SESSIONS = 256
+
+
+class ClientClocks:
+    """For each client session, a bound on its clock against the kernel's.
+
+    A message created at ``date`` on the client's clock, read by the kernel
+    at wall time ``now``, gives ``now - date = skew + lag``: the clocks'
+    skew plus the time from creating it to reading it, never negative. So
+    the least such value seen is an upper bound on the skew, and
+    ``date + bound`` is at or after the moment a request was created, on
+    the kernel's clock. Every dated message on shell and control counts
+    (a ``kernel_info_request`` answered at once gives a tight bound), only
+    those of the last CLOCK_MEMORY seconds (clocks drift): two buckets,
+    the current one and the one before. Io run only.
+    """
+
+    def __init__(self) -> None:
+        # session -> [least offset of the current bucket, its start (wall), least of the one before]
+        self._sessions: dict[str, list[float]] = {}
+
+    def note(self, session: Any, sent: float, now: float) -> None:
+        """A message of ``session`` dated ``sent`` was read at wall time ``now``."""
+        if not isinstance(session, str):
+            return
+        offset = now - sent
+        entry = self._sessions.get(session)
+        if entry is None:
+            self._sessions[session] = [offset, now, math.inf]
+            if len(self._sessions) > CLOCK_SESSIONS:
+                del self._sessions[next(iter(self._sessions))]  # the oldest session first seen
+            return
+        age = now - entry[1]
+        if age > CLOCK_MEMORY / 2:  # a new bucket; the current one becomes the one before
+            entry[:] = [offset, now, entry[0] if age <= CLOCK_MEMORY else math.inf]
+        elif offset < entry[0]:
+            entry[0] = offset
+
+    def bound(self, session: Any) -> float | None:
+        """The least ``now - date`` of ``session``'s recent messages, or None."""
+        entry = self._sessions.get(session) if isinstance(session, str) else None
+        return min(entry[0], entry[2]) if entry is not None else None
+
+
 @dataclass
 class AbortWindow:
     """Which ``execute_request``\\ s a failed execute with ``stop_on_error`` aborts.
 
-    Exactly those sent before the failure (the client could not have seen
-    the error yet). Two rules, either is enough:
+    The rule: those the client made before it could have seen the error
+    reply. Exactly decidable only from the kernel's side of the wire, so
+    three parts, each sound (it never aborts a request made after the
+    client received the reply):
 
-    1. it had arrived when the failure was decided (``upto_seq``): the shell
-       socket is drained at that moment, so everything already delivered
-       by libzmq counts;
-    2. it comes from the failed request's client session and its header
-       ``date`` is earlier than ``sent_before``: the failed request's own
-       ``date`` plus the time the kernel spent on it, both on the client's
-       clock, so clock skew between client and kernel does not matter. The
-       first later-dated request of that session ends this rule.
+    1. while the error reply has not left the kernel (it may wait behind
+       the request's IOPub output: iopubqueue.Ordered), every request read
+       is covered: it was sent before the client could see anything;
+    2. once it left (:meth:`reply_left`, at wall time ``left_at``), every
+       request read by then (``upto_seq``; the shell socket is drained at
+       that moment, so what libzmq had delivered counts);
+    3. a request of the failed request's client session whose ``date`` plus
+       the session's clock bound (ClientClocks) is before ``left_at``: it
+       was made before the reply left, however late it arrives (a client
+       that made its Run All requests first and was descheduled while
+       sending them). The first request of that session not covered ends
+       this part.
 
-    Requests sent after the error reply was received are never aborted.
+    Limit: a client that makes each request only as it sends it, and is
+    descheduled for longer than the kernel takes to fail the first one,
+    makes the rest of its burst after the reply left; nothing on the wire
+    tells that from a client that waited for the reply, so they run
+    (docs/design.md, "Requests").
     """
 
+    active: bool = False
     upto_seq: int = -1
     session: str | None = None
-    sent_before: float | None = None  # POSIX seconds on the client's clock
+    left_at: float | None = None  # wall time (time.time()) the error reply left
 
-    def covers(self, q: Queued) -> bool:
+    def covers(self, q: Queued, clocks: ClientClocks) -> bool:
         """Whether ``q`` is aborted (only ``execute_request`` ever is)."""
-        if q.msg.msg_type != "execute_request":
+        if not self.active or q.msg.msg_type != "execute_request":
             return False
-        if q.seq <= self.upto_seq:
+        if self.left_at is None or q.seq <= self.upto_seq:
             return True
         if self.session is not None and q.msg.header.get("session") == self.session:
-            sent = posix_time(q.msg.header.get("date"))
-            if sent is not None and self.sent_before is not None and sent <= self.sent_before:
+            bound = clocks.bound(self.session)
+            if q.sent is not None and bound is not None and q.sent + bound < self.left_at:
                 return True
             self.session = None
         return False
 
     @classmethod
-    def after(cls, failed: Queued, upto_seq: int, now: float) -> AbortWindow:
-        """The window a failure of ``failed`` opens, decided at ``now``
-        (``trio.current_time()``) with every request up to ``upto_seq`` read."""
-        sent = posix_time(failed.msg.header.get("date"))
-        spent = now - failed.arrived
-        return cls(
-            upto_seq=upto_seq,
-            session=failed.msg.header.get("session") if sent is not None else None,
-            sent_before=sent + spent if sent is not None else None,
-        )
+    def after(cls, failed: Queued) -> AbortWindow:
+        """The window a failure of ``failed`` opens (before its reply leaves)."""
+        session = failed.msg.header.get("session")
+        return cls(active=True, session=session if isinstance(session, str) else None)
+
+    def reply_left(self, upto_seq: int, wall: float) -> None:
+        """The error reply left at wall time ``wall``, with every request up
+        to ``upto_seq`` read."""
+        self.upto_seq = upto_seq
+        self.left_at = wall
 
 
 @dataclass(eq=False)

@@ -79,11 +79,12 @@ async def execute(core: CoreServices, ctx: RequestContext) -> Reply:
     if ctx.replied:
         return Reply(content, after=after)
     failed = content.get("status") == "error"
+    on_sent = None
     if failed and flag(msg.content, "stop_on_error", True) and not flag(msg.content, "silent", False):
         lane = core.serving()
         if lane is not None and lane.current is not None and lane.current.msg is msg:
-            core.start_abort(lane, lane.current)
-    return Reply(content, metadata(content), after=after)
+            on_sent = core.start_abort(lane, lane.current)
+    return Reply(content, metadata(content), after=after, on_sent=on_sent)
 
 
 def asks_exit(content: dict[str, Any]) -> bool:

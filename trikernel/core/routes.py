@@ -97,8 +97,9 @@ class CoreServices(Protocol):
         """Run ``fn`` in the serving lane's user run; returns its result.
         Raises JobInterrupted, KernelShuttingDown, or what the job raised."""
 
-    def start_abort(self, lane: SequentialLane, failed: Queued) -> None:
-        """stop_on_error: open ``lane``'s abort window for ``failed``."""
+    def start_abort(self, lane: SequentialLane, failed: Queued) -> Callable[[], None]:
+        """stop_on_error: open ``lane``'s abort window for ``failed``; returns
+        what to call once its error reply has left (``Reply.on_sent``)."""
 
     def open_lane(self, run: SubshellRun) -> SequentialLane:
         """List and start serving a new subshell's lane."""

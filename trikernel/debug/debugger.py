@@ -54,6 +54,7 @@ import linecache
 import logging
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -186,14 +187,32 @@ def _trace_main_thread(on: bool) -> None:
     client disconnected: without this, Python 3.11 keeps paying pydevd's
     trace function on every call after the debugger was turned off). Off
     also clears the trace function of the frames running now (trio's run
-    loop), which Python would otherwise keep calling for their lines."""
-    import debugpy
+    loop), which Python would otherwise keep calling for their lines.
 
+    The same holds for the threads started from then on, since pydevd keeps
+    listening after a disconnect: on 3.11 it keeps ``threading.settrace``
+    set for them; on 3.12+ (PEP 669) it keeps sys.monitoring tool id 0 with
+    PY_START and PY_RESUME on for every thread. Off clears that hook, or
+    frees the tool id (pydevd's own stop_monitoring for all threads); on
+    puts it back (start_monitoring for all threads recomputes the events
+    from the breakpoints set by then)."""
+    import debugpy
+    import pydevd  # debugpy's vendored pydevd: importable once debugpy listens
+
+    monitoring = bool(getattr(pydevd, "PYDEVD_USE_SYS_MONITORING", False))
     if on:
-        if sys.version_info >= (3, 12) or sys.gettrace() is None:
+        if monitoring:
+            pydevd.pydevd_sys_monitoring.start_monitoring(all_threads=True)
+        if monitoring or sys.gettrace() is None:
             debugpy.trace_this_thread(True)
+        if not monitoring and threading.gettrace() is None:
+            threading.settrace(pydevd.get_global_debugger().trace_dispatch)
         return
     debugpy.trace_this_thread(False)
+    if monitoring:
+        pydevd.pydevd_sys_monitoring.stop_monitoring(all_threads=True)
+    else:
+        threading.settrace(None)
     frame = sys._getframe()
     while frame is not None:
         frame.f_trace = None

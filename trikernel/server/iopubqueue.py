@@ -20,6 +20,13 @@ stream (no credit needed) while the batch waits in the queue; any other
 message, another stream or a new parent seals it. So a print flood becomes
 few large ``stream`` messages; the first write of a burst leaves at once.
 
+Order across channels (issue 26): a message for another socket (a shell
+reply, an ``input_request``) must not leave before the IOPub messages
+queued ahead of it. :meth:`IOPubQueue.put_ordered` queues its send as an
+:class:`Ordered` marker in this same FIFO, and the iopub task runs it right
+after everything ahead of it was handed to the XPUB; when nothing is queued
+or in flight it returns False and the caller sends at once (the fast path).
+
 Runs on: any thread (the producers, by method); the consumer's methods in
 the io run.
 """
@@ -31,11 +38,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from trikernel.protocol.wire import Message, Signer, serialize
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 log = logging.getLogger("trikernel.iopub")
 
@@ -52,13 +62,6 @@ GATHER_WINDOW = 0.0005
 #: is part of a burst (gather first); a later one is a lone message (an
 #: execute_input, the first line of output) and is sent at once.
 BURST_GAP = 0.002
-#: Seconds the iopub task sends nothing after a sequential request was
-#: handed to the user run (IOPubQueue.quiet), unless a ``status`` message
-#: ends it first — the request's ``idle`` does, so a short request's
-#: ``busy``, ``execute_input`` and ``idle`` leave together after its reply,
-#: and the io thread does not take the GIL from the running cell meanwhile
-#: (issue 12). A longer cell's messages leave when it ends.
-QUIET_WINDOW = 0.002
 
 
 @dataclass
@@ -141,8 +144,24 @@ class _Close:
     pass
 
 
+class Ordered:
+    """A send on another socket, kept in the IOPub FIFO (module docstring).
+
+    ``send``: called once, in the io run, by the iopub task, right after
+    every item queued ahead of it was handed to the XPUB (or held for the
+    next subscriber); it must not raise (the sender logs its own errors).
+    An Ordered marker takes no credit: there is at most one per request in
+    flight (its reply) and one per pending ``input()``.
+    """
+
+    __slots__ = ("send",)
+
+    def __init__(self, send: Callable[[], None]):
+        self.send = send
+
+
 _CLOSE = _Close()
-_Item = tuple[str, list[bytes]] | StreamBatch | _Close
+_Item = tuple[str, list[bytes]] | StreamBatch | Ordered | _Close
 
 
 class IOPubQueue:
@@ -183,7 +202,6 @@ class IOPubQueue:
         # a status message is queued: the burst is over (idle ends a request),
         # so the next wake-up sends at once instead of gathering
         self._status_queued = False
-        self._quiet_until = 0.0  # time.monotonic() the quiet window ends; 0: not quiet
         self.closed = False
 
     # -- wiring -----------------------------------------------------------
@@ -225,14 +243,11 @@ class IOPubQueue:
         self._open.clear()
         if isinstance(item, StreamBatch):
             self._open[item.name] = item
-        elif isinstance(item, tuple) and item[0] == "status":
-            self._status_queued = True
-            self._quiet_until = 0.0
+        elif isinstance(item, Ordered) or (isinstance(item, tuple) and item[0] == "status"):
+            self._status_queued = True  # a status or a reply ends the request's burst: no gathering
         self._items.append(item)
         if not self.in_io_thread:
             self._thread_items = True
-        if self._quiet_until and time.monotonic() < self._quiet_until:
-            return  # the consumer waits out the window (get): no wake-up from here
         if self._consumer_wake is not None:
             ev, self._consumer_wake = self._consumer_wake, None
             self._wake(ev)
@@ -256,24 +271,34 @@ class IOPubQueue:
 
         Raises RuntimeError when called from the io thread (use :meth:`put`).
         """
-        frames = serialize(msg, self.signer)
         if self.in_io_thread:
             raise RuntimeError("IOPubQueue.put_from_thread from the io thread; use put")
+        if self.closed:  # shutdown: a thread that keeps producing must not pay the signing
+            with self._lock:
+                self.stats.dropped_closed += 1
+            return False
+        frames = serialize(msg, self.signer)
         with self._lock:
             if not self._take_credit_locked():
                 return False
             self._append_locked((msg.msg_type, frames))
         return True
 
-    def quiet(self, seconds: float = QUIET_WINDOW) -> None:
-        """Hold what is queued from now for up to ``seconds`` (QUIET_WINDOW),
-        or until a ``status`` message is queued, whichever comes first.
-        Io run only (the dispatcher, at each sequential hand-over)."""
+    def put_ordered(self, send: Callable[[], None]) -> bool:
+        """Queue ``send`` (a send on another socket) behind every IOPub
+        message queued so far, as an :class:`Ordered` marker; never waits.
+
+        Returns False, queueing nothing, when nothing is queued or in flight
+        (every message queued before now has been handed to the XPUB) or
+        the queue is closed (the iopub task takes nothing after its close
+        marker): the caller then sends at once. Seals open stream batches
+        and ends a gathering wait, like a ``status``. Any thread.
+        """
         with self._lock:
-            self._quiet_until = time.monotonic() + seconds
-            if self._consumer_wake is not None:  # it waits with no deadline: let it take the window's
-                ev, self._consumer_wake = self._consumer_wake, None
-                self._wake(ev)
+            if self.closed or (not self._items and self._free == self.capacity and self._overdraft == 0):
+                return False
+            self._append_locked(Ordered(send))
+        return True
 
     def put_status_nowait(self, msg: Message) -> bool:
         """Queue a ``status`` message from any thread but the io thread,
@@ -361,9 +386,7 @@ class IOPubQueue:
         """
         while True:
             with self._lock:
-                quiet = self._quiet_until - time.monotonic() if self._quiet_until else 0.0
-                if self._items and quiet <= 0:
-                    self._quiet_until = 0.0
+                if self._items:
                     items = self._items
                     self._last_take = time.monotonic()
                     self._last_take_from_thread = self._thread_items
@@ -373,10 +396,6 @@ class IOPubQueue:
                         self._status_queued = False
                     return taken
                 ev = self._consumer_wake = trio.Event()
-            if quiet > 0:
-                with trio.move_on_after(quiet):
-                    await ev.wait()
-                continue
             await ev.wait()
             in_burst = self._last_take_from_thread and time.monotonic() - self._last_take < BURST_GAP
             if self._thread_items and in_burst and not self._status_queued:

@@ -47,7 +47,7 @@ import trio
 import zmq
 
 from trikernel.protocol.wire import serialize
-from trikernel.server.iopubqueue import StreamBatch, _Close
+from trikernel.server.iopubqueue import Ordered, StreamBatch, _Close
 from trikernel.server.subscribers import Subscribers
 
 if TYPE_CHECKING:
@@ -204,7 +204,9 @@ class IOPubTask:
         (``iopub_welcome``, JEP 65), starts the subscription and connection watchers, then
         reports ``task_status`` started and sends what the queue gives, up to
         :data:`SEND_BATCH` messages at a time, in FIFO order (held while nobody listens),
-        returning each credit after its send. Returns after the close marker, once the queue
+        returning each credit after its send; an :class:`~trikernel.server.iopubqueue.Ordered`
+        marker's send (a shell reply, an ``input_request``) runs when the loop reaches it,
+        after everything ahead of it. Returns after the close marker, once the queue
         is drained; a message that cannot be sent is logged and counted in ``send_errors``,
         never raised. io run only."""
         self.queue.attach()
@@ -227,6 +229,9 @@ class IOPubTask:
                     for item in batch:
                         if isinstance(item, _Close):
                             closing = True
+                            continue
+                        if isinstance(item, Ordered):  # a reply or input_request: what was ahead has gone
+                            item.send()
                             continue
                         held += 1
                         if log.isEnabledFor(logging.DEBUG):

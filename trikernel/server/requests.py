@@ -26,6 +26,8 @@ thread but the io thread.
 
 from __future__ import annotations
 
+import functools
+import logging
 import threading
 from typing import TYPE_CHECKING
 
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
     from trikernel.server.messagelog import MessageLog
     from trikernel.server.sockets import TrioSocket
     from trikernel.server.switchinterval import SwitchIntervals
+
+log = logging.getLogger("trikernel.dispatch")
 
 
 class RequestServer:
@@ -125,9 +129,18 @@ class RequestServer:
         """False with ``--message-log``: the log is recorded in the io run only."""
         return self._message_log is None
 
-    def send(self, channel: str, msg: Message) -> bool:
+    def send(self, channel: str, msg: Message, on_sent: Callable[[], None] | None = None) -> bool:
         """Sign and send a reply; False when the ROUTER cannot route it
         (counted and logged by TrioSocket). Never blocks.
+
+        A shell reply leaves only after every IOPub message queued before it
+        (the request's output) was handed to the XPUB: when some are still
+        queued or in flight, the reply waits in the IOPub FIFO behind them
+        (IOPubQueue.put_ordered) and the iopub task sends it (True is
+        returned then: it is on its way; a failure is counted and logged
+        there). Control replies leave at once: kernel_info and interrupt
+        never wait behind a flood or a stalled subscriber. ``on_sent`` is
+        called right after the send (from the sending thread).
 
         Runs on: the io run; for "shell" also the thread that ran the request.
 
@@ -136,6 +149,16 @@ class RequestServer:
                 racing the end of shutdown; the Job logs it).
         """
         frames = serialize(msg, self._signer)
+        if channel == "shell" and self._queue.put_ordered(
+            functools.partial(self._send_queued, channel, frames, on_sent)
+        ):
+            return True
+        delivered = self._send_now(channel, frames)
+        if on_sent is not None:
+            on_sent()
+        return delivered
+
+    def _send_now(self, channel: str, frames: list[bytes]) -> bool:
         sock = self._sockets[channel]
         if self._io_ident is not None and threading.get_ident() != self._io_ident:
             assert self._token is not None
@@ -145,6 +168,18 @@ class RequestServer:
             self._message_log.record("out", channel, frames, None if delivered else {"undelivered": True})
         return delivered
 
+    def _send_queued(self, channel: str, frames: list[bytes], on_sent: Callable[[], None] | None) -> None:
+        """The iopub task reached a queued reply (io run): send it; never raises."""
+        try:
+            self._send_now(channel, frames)
+        except Exception:  # a socket closed at the very end of shutdown
+            log.exception("%s: a reply could not be sent", channel)
+        if on_sent is not None:
+            try:
+                on_sent()
+            except Exception:  # a bug: never take the iopub task down
+                log.exception("%s: after a reply was sent", channel)
+
     async def publish(self, msg: Message) -> bool:
         """Queue an IOPub message from the io run (iopubqueue.IOPubQueue.put)."""
         return await self._queue.put(msg)
@@ -152,10 +187,6 @@ class RequestServer:
     def publish_status_nowait(self, msg: Message) -> bool:
         """Queue a status from a user thread without waiting (IOPubQueue.put_status_nowait)."""
         return self._queue.put_status_nowait(msg)
-
-    def quiet(self) -> None:
-        """Keep IOPub quiet while a short job runs (IOPubQueue.quiet)."""
-        self._queue.quiet()
 
     def receive_nowait(self, channel: str) -> Message | Empty | None:
         """The next queued message on ``channel``, parsed (None: bad input,

@@ -11,6 +11,11 @@ blocks that thread. :meth:`StdinBridge.serve` is the stdin channel task of
 the io run, the socket's one owner. The hand-off is the io run's
 ``TrioToken.run_sync_soon`` one way and a ``threading.Event`` the other.
 
+Order: an ``input_request`` leaves only after every IOPub message queued
+before it, so the text a cell printed before ``input()`` reaches the client
+before the prompt (vscode-jupyter#13039): it waits in the IOPub FIFO behind
+them (IOPubQueue.put_ordered) and the iopub task sends it.
+
 Every pending request has its own slot, keyed by the ``input_request``'s
 ``msg_id``; an ``input_reply`` is matched through its ``parent_header``, so
 two ``input()`` calls at once (a cell and a thread) each get their own
@@ -40,6 +45,7 @@ until the answer comes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from typing import TYPE_CHECKING
@@ -70,12 +76,13 @@ RETRY_MAX_DELAY = 0.1
 
 
 class _Slot:
-    __slots__ = ("error", "event", "value")
+    __slots__ = ("abandoned", "error", "event", "value")
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.value = ""
         self.error: BaseException | None = None
+        self.abandoned = False  # Ctrl-C ended the wait: the request is not sent any more
 
 
 class StdinBridge:
@@ -86,8 +93,10 @@ class StdinBridge:
     it), and the bridge uses its ``signer`` for every ``input_request``,
     its ``bad_input`` for stray or unexpected stdin messages and its
     ``message_log`` (``--message-log``, or None) to record every
-    ``input_request`` sent. ``iopub``: where the answer to a message
-    ``--strict`` refused is published.
+    ``input_request`` sent. ``iopub``: the IOPub queue every
+    ``input_request`` waits in behind the output queued before it (module
+    docstring), and where the answer to a message ``--strict`` refused is
+    published; None (tests): requests leave at once.
     """
 
     def __init__(
@@ -124,11 +133,15 @@ class StdinBridge:
         msg = self._builder.msg(
             "input_request", {"prompt": prompt, "password": password}, parent.header, identities=parent.identities
         )
-        token.run_sync_soon(self._send_request, msg, slot)
+        # behind the IOPub messages queued so far (what the cell printed before
+        # input()), or at once when none is left (IOPubQueue.put_ordered)
+        if self._iopub is None or not self._iopub.put_ordered(functools.partial(self._send_request, msg, slot)):
+            token.run_sync_soon(self._send_request, msg, slot)
         try:
             while not slot.event.wait(POLL_INTERVAL):
                 pass
         except KeyboardInterrupt:
+            slot.abandoned = True  # a request still queued behind IOPub is never sent
             with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(self._pending.pop, msg.msg_id, None)
             raise
@@ -141,6 +154,8 @@ class StdinBridge:
     # -- io run ----------------------------------------------------------------
     def _send_request(self, msg: Message, slot: _Slot) -> None:
         assert self._nursery is not None
+        if slot.abandoned:
+            return
         self._pending[msg.msg_id] = slot
         frames = serialize(msg, self._parse.signer)
         if self._try_send(frames):

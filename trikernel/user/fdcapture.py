@@ -101,7 +101,10 @@ class FdStats:
     flushes: int = 0
     """Flushes before a reply."""
     flush_timeouts: int = 0
-    """Of ``flushes``, the ones the relay did not answer within FLUSH_TIMEOUT."""
+    """Of ``flushes``, the ones the relay did not answer within FLUSH_TIMEOUT
+    (waited for, or not asked again while an earlier question is unanswered)."""
+    flush_waits: int = 0
+    """Of ``flushes``, the ones that asked the relay and waited for its answer."""
 
 
 class _Captured:
@@ -359,6 +362,7 @@ class FdCapture:
             return
         os.write(self._ctl, b"F")
         self._acks_owed = 1
+        self.stats.flush_waits += 1
         self._wait_acks()
 
     def _take_acks(self) -> None:

@@ -28,7 +28,7 @@ import trio
 
 from trikernel.errors import ConfigError, InputNotDelivered
 from trikernel.threads import not_traced
-from trikernel.user import lanestate, outstream, threadparent
+from trikernel.user import fdcapture, lanestate, outstream, threadparent
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -248,9 +248,12 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> Interpreter:
 def _request_input(stdin: InputChannel, msg: Message, prompt: str, password: bool) -> str:
     """``input()`` / ``getpass()`` of the cell ``msg``: the stdin channel's
     answer; a request that could not be delivered raises IPython's
-    StdinNotImplementedError, as for ``allow_stdin: false``."""
+    StdinNotImplementedError, as for ``allow_stdin: false``. fd 1/2 output
+    written so far is published first, so it too precedes the prompt
+    (the IOPub queue orders the ``input_request`` behind it)."""
     from IPython.core.error import StdinNotImplementedError
 
+    fdcapture.flush()
     try:
         return stdin.request_input(msg, prompt, password)
     except InputNotDelivered as exc:
