@@ -344,6 +344,34 @@ def test_sealing_ends_the_hold_on_an_open_stream_batch(rig_factory: Any, monkeyp
     trio.run(main)
 
 
+def test_an_unfinished_line_waits_for_its_newline_or_a_flush(rig_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch that ends mid-line is held for the rest of the line (PARTIAL_LINE_HOLD), so
+    print's text and late newline are one message; flush() lets it go at once (one message
+    per ``print(i, end="", flush=True)``, as ipykernel's own tests count). With a 30 s hold,
+    only the newline or the flush can make the text leave."""
+    import trikernel.server.iopubtask as iopub_mod
+
+    monkeypatch.setattr(iopub_mod, "PARTIAL_LINE_HOLD", 30.0)
+    rig = rig_factory()
+    sub = rig.subscriber()
+
+    async def main() -> None:
+        async with welcomed(rig, sub) as (r, _):
+            await trio.to_thread.run_sync(lambda: rig.queue.write_stream("stdout", "Hello World", {}))
+            await trio.sleep(0.2)  # past FIRST_WRITE_DELAY: the task holds it for the newline
+            assert not streams(r.msgs)
+            await trio.to_thread.run_sync(lambda: rig.queue.write_stream("stdout", "\n", {}))
+            await r.read_until(lambda m: bool(streams(m)), 10)
+            await trio.to_thread.run_sync(lambda: rig.queue.write_stream("stdout", "0", {}))
+            await trio.sleep(0.2)
+            assert len(streams(r.msgs)) == 1
+            await trio.to_thread.run_sync(lambda: rig.queue.flush_stream("stdout"))
+            await r.read_until(lambda m: len(streams(m)) == 2, 10)
+        assert streams(r.msgs) == [("stdout", "Hello World\n", ""), ("stdout", "0", "")]
+
+    trio.run(main)
+
+
 def test_a_lone_message_after_a_pause_is_not_held_back(rig_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Adaptive batching: the gather window applies inside a burst only. With
     a 30 s window, a lone message from another thread after a pause must

@@ -218,6 +218,11 @@ class IOPubSink(Protocol):
         """Append ``text`` to the ``name`` stream ("stdout"/"stderr") under
         ``parent`` (coalesced). Runs on: any thread but the io thread."""
 
+    def flush_stream(self, name: str) -> None:
+        """``flush()`` of the ``name`` stream: what it holds leaves now, not at the end of its
+        line. Runs on: any thread but the io thread."""
+
+
 
 class InputChannel(Protocol):
     """The stdin channel as user code sees it (server/stdin.py)."""

@@ -132,12 +132,15 @@ class StreamBatch:
     #: set when the batch is sealed while the iopub task holds it open
     #: (io run's Event; see IOPubQueue.wait_sealed)
     on_seal: trio.Event | None = None
-    #: with ``until_line``: also set when text ending a line is appended
+    #: with ``until_line``: also set when text ending a line is appended, or on flush()
     on_line: trio.Event | None = None
+    #: the stream's flush() came after the last text: it leaves without waiting for a newline
+    flushed: bool = False
 
     def ends_a_line(self) -> bool:
-        """Whether the text so far ends with a newline (``print``'s second write came)."""
-        return bool(self.parts) and self.parts[-1].endswith("\n")
+        """Whether the text so far ends with a newline (``print``'s second write came) or
+        was flushed (``print(..., end="", flush=True)``): then it need not wait for more."""
+        return self.flushed or (bool(self.parts) and self.parts[-1].endswith("\n"))
 
 
 class _Close:
@@ -362,6 +365,7 @@ class IOPubQueue:
             if b is not None and not b.sealed and b.parent.get("msg_id") == pid and b.size < self.stream_batch_chars:
                 b.parts.append(text)
                 b.size += len(text)
+                b.flushed = False
                 if b.on_line is not None and text.endswith("\n"):
                     self._wake(b.on_line)
                     b.on_line = None
@@ -369,6 +373,19 @@ class IOPubQueue:
             if not self._take_credit_locked():
                 return
             self._append_locked(StreamBatch(name, parent, [text], len(text)))
+
+    def flush_stream(self, name: str) -> None:
+        """``flush()`` of stream ``name``: its open batch is marked flushed, so the iopub
+        task does not hold it for the rest of a line (PARTIAL_LINE_HOLD); more text may
+        still join it until it leaves. Any thread."""
+        with self._lock:
+            b = self._open.get(name)
+            if b is None or b.sealed:
+                return
+            b.flushed = True
+            if b.on_line is not None:
+                self._wake(b.on_line)
+                b.on_line = None
 
     # -- consumer -----------------------------------------------------------
     async def get(self, limit: int = 1) -> list[_Item]:

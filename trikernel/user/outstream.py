@@ -242,11 +242,15 @@ class OutStream(io.TextIOBase):
             data = data[os.write(self._fd, data) :]
 
     def flush(self) -> None:
-        """Nothing to do: text is queued in order as it is written (a forked
-        child writes out its unfinished line)."""
+        """Text is queued in order as it is written; flush() lets an unfinished line leave
+        now instead of after the rest of the line or PARTIAL_LINE_HOLD (docs/iopub.md,
+        "Stream coalescing"). A forked child writes out its unfinished line."""
         if _ForkState.forked and self._child_pending:
             pending, self._child_pending = self._child_pending, ""
             self._write_fd(pending)
+            return
+        if not (self._queue.in_io_thread or self._queue.closed):
+            self._queue.flush_stream(self.name_)
 
 
 @dataclass(frozen=True)
