@@ -17,6 +17,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -83,10 +84,10 @@ class FakeTransport:
     def replies_from_threads(self) -> bool:
         return self._threads
 
-    def send(self, channel: str, msg: Message, on_sent: Callable[[], None] | None = None) -> bool:
+    def send(self, channel: str, msg: Message, on_sent: Callable[[float], None] | None = None) -> bool:
         self._note(Sent("reply", channel, msg, threading.get_ident()))
         if on_sent is not None:
-            on_sent()
+            on_sent(time.time())
         return True
 
     async def publish(self, msg: Message) -> bool:
@@ -653,3 +654,20 @@ def test_a_clients_clock_bound_is_the_least_recent_offset() -> None:
     assert clocks.bound("s") == 1000.0
     clocks.note(None, 0.0, 1.0)  # no session: nothing to remember
     assert clocks.bound(None) is None
+
+
+def test_a_request_made_after_the_error_reply_left_runs_even_when_the_drain_reads_it() -> None:
+    """Issue 26, found in the loaded suite: the shell socket is drained after the error
+    reply's send; on a loaded machine that can be late enough to read a request the client
+    made after it got the reply (tests/test_trio.py's next cell after an interrupt was
+    aborted). Read by the drain (seq <= upto_seq) but dated after the send: it runs, and so
+    do that session's later ones; another client's request read by then is still aborted."""
+    clocks = ClientClocks()
+    clocks.note("s", 899.9999, 1000.0)  # the client's clock is 100 s behind the kernel's
+    window = AbortWindow.after(_queued(1, 900.0))
+    window.reply_left(upto_seq=5, wall=1000.5)  # the wall time right before the send
+    assert window.covers(_queued(2, 900.2), clocks)  # made before the send
+    assert window.covers(_queued(3, None, session="other"), clocks)  # read before the drain ended
+    assert not window.covers(_queued(4, 900.6), clocks)  # read by the drain, made after the send
+    assert not window.covers(_queued(5, None), clocks)  # the session's later requests run too
+    assert window.covers(_queued(5, None, session="other"), clocks)

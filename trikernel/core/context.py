@@ -46,13 +46,14 @@ STATUS_DEADLINE = 1.0
 class Reply(NamedTuple):
     """What a handler returns: the reply's ``content`` and ``metadata``;
     ``after``, called once idle is queued (shutdown starts there);
-    ``on_sent``, called (io run) right after the reply left (a failed
-    execute's stop_on_error window ends its first part there)."""
+    ``on_sent``, called (io run) right after the reply left, with the wall
+    time taken right before its send (a failed execute's stop_on_error
+    window ends its first part there)."""
 
     content: dict[str, Any]
     metadata: dict[str, Any] | None = None
     after: Callable[[], None] | None = None
-    on_sent: Callable[[], None] | None = None
+    on_sent: Callable[[float], None] | None = None
 
 
 class RequestContext:
@@ -143,7 +144,7 @@ class RequestContext:
         self,
         content: dict[str, Any],
         metadata: dict[str, Any] | None = None,
-        on_sent: Callable[[], None] | None = None,
+        on_sent: Callable[[float], None] | None = None,
     ) -> None:
         """Send the reply unless it has left already (io run; never blocks);
         ``on_sent``: called in the io run once it has left (Transport.send)."""

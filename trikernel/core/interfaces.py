@@ -58,7 +58,7 @@ class Transport(Protocol):
         """Whether a reply may be sent from the thread that ran its request
         (False with ``--message-log``, which records in the io run only)."""
 
-    def send(self, channel: str, msg: Message, on_sent: Callable[[], None] | None = None) -> bool:
+    def send(self, channel: str, msg: Message, on_sent: Callable[[float], None] | None = None) -> bool:
         """Sign and send a reply on ``channel`` ("shell" or "control").
 
         A shell reply leaves only after the IOPub messages queued before it
@@ -66,7 +66,8 @@ class Transport(Protocol):
         cannot route it (the peer is gone or past its high-water mark:
         counted and logged). Never blocks. ``on_sent``: called once the
         reply left (handed to the socket; in the io run when the io run
-        sends, as it does every failed execute's reply).
+        sends, as it does every failed execute's reply), with the wall time
+        (``time.time()``) taken right before the send.
 
         Runs on: the io run; for "shell" also the thread that ran the request.
         """
@@ -221,7 +222,6 @@ class IOPubSink(Protocol):
     def flush_stream(self, name: str) -> None:
         """``flush()`` of the ``name`` stream: what it holds leaves now, not at the end of its
         line. Runs on: any thread but the io thread."""
-
 
 
 class InputChannel(Protocol):

@@ -381,7 +381,7 @@ class KernelCore:
         return job.result
 
     # -- stop_on_error ---------------------------------------------------------------------
-    def start_abort(self, lane: SequentialLane, failed: Queued) -> Callable[[], None]:
+    def start_abort(self, lane: SequentialLane, failed: Queued) -> Callable[[float], None]:
         """stop_on_error: open ``lane``'s abort window for ``failed`` (before
         its reply is handed to the transport). Returns the callback for the
         moment the error reply leaves (``Transport.send``'s ``on_sent``):
@@ -389,9 +389,12 @@ class KernelCore:
         (lanes.AbortWindow)."""
         window = lane.abort = AbortWindow.after(failed)
 
-        def reply_left() -> None:
+        def reply_left(sent_at: float) -> None:
+            # sent_at: taken before the send, so no request made after the client
+            # got the reply is dated before it (the drain may come much later on
+            # a loaded machine, and read requests made after the reply arrived)
             self._drain_shell()
-            window.reply_left(self._shell_seq, time.time())
+            window.reply_left(self._shell_seq, sent_at)
             log.debug(
                 "stop_on_error: aborting execute requests up to #%d, and of session %s made before the reply left",
                 self._shell_seq,

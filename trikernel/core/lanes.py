@@ -117,9 +117,13 @@ class AbortWindow:
     1. while the error reply has not left the kernel (it may wait behind
        the request's IOPub output: iopubqueue.Ordered), every request read
        is covered: it was sent before the client could see anything;
-    2. once it left (:meth:`reply_left`, at wall time ``left_at``), every
-       request read by then (``upto_seq``; the shell socket is drained at
-       that moment, so what libzmq had delivered counts);
+    2. once it left (:meth:`reply_left`, at wall time ``left_at``, taken
+       right before the send), every request read by then (``upto_seq``;
+       the shell socket is drained right after the send, so what libzmq had
+       delivered counts) — except the failed session's requests whose
+       ``date`` plus its clock bound is at or after ``left_at``: on a loaded
+       machine the drain can come late enough to read a request the client
+       made after it got the reply, and that one must run;
     3. a request of the failed request's client session whose ``date`` plus
        the session's clock bound (ClientClocks) is before ``left_at``: it
        was made before the reply left, however late it arrives (a client
@@ -137,26 +141,34 @@ class AbortWindow:
     active: bool = False
     upto_seq: int = -1
     session: str | None = None
-    left_at: float | None = None  # wall time (time.time()) the error reply left
+    left_at: float | None = None  # wall time (time.time()) right before the error reply's send
+    failed_session: str | None = None  # the failed request's client session
+    session_ran: bool = False  # a request of that session made after the reply left was let run
 
     def covers(self, q: Queued, clocks: ClientClocks) -> bool:
         """Whether ``q`` is aborted (only ``execute_request`` ever is)."""
         if not self.active or q.msg.msg_type != "execute_request":
             return False
-        if self.left_at is None or q.seq <= self.upto_seq:
+        if self.left_at is None:
             return True
         if self.session is not None and q.msg.header.get("session") == self.session:
             bound = clocks.bound(self.session)
-            if q.sent is not None and bound is not None and q.sent + bound < self.left_at:
-                return True
-            self.session = None
-        return False
+            if q.sent is not None and bound is not None:
+                if q.sent + bound < self.left_at:
+                    return True  # made before the reply left, however late it was read
+                self.session = None  # made after it: this one runs, and the session's later ones
+                self.session_ran = True
+                return False
+        if self.session_ran and q.msg.header.get("session") == self.failed_session:
+            return False
+        return q.seq <= self.upto_seq
 
     @classmethod
     def after(cls, failed: Queued) -> AbortWindow:
         """The window a failure of ``failed`` opens (before its reply leaves)."""
         session = failed.msg.header.get("session")
-        return cls(active=True, session=session if isinstance(session, str) else None)
+        mine = session if isinstance(session, str) else None
+        return cls(active=True, session=mine, failed_session=mine)
 
     def reply_left(self, upto_seq: int, wall: float) -> None:
         """The error reply left at wall time ``wall``, with every request up

@@ -97,7 +97,7 @@ class CoreServices(Protocol):
         """Run ``fn`` in the serving lane's user run; returns its result.
         Raises JobInterrupted, KernelShuttingDown, or what the job raised."""
 
-    def start_abort(self, lane: SequentialLane, failed: Queued) -> Callable[[], None]:
+    def start_abort(self, lane: SequentialLane, failed: Queued) -> Callable[[float], None]:
         """stop_on_error: open ``lane``'s abort window for ``failed``; returns
         what to call once its error reply has left (``Reply.on_sent``)."""
 

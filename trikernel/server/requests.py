@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import trio
@@ -129,7 +130,7 @@ class RequestServer:
         """False with ``--message-log``: the log is recorded in the io run only."""
         return self._message_log is None
 
-    def send(self, channel: str, msg: Message, on_sent: Callable[[], None] | None = None) -> bool:
+    def send(self, channel: str, msg: Message, on_sent: Callable[[float], None] | None = None) -> bool:
         """Sign and send a reply; False when the ROUTER cannot route it
         (counted and logged by TrioSocket). Never blocks.
 
@@ -140,7 +141,9 @@ class RequestServer:
         returned then: it is on its way; a failure is counted and logged
         there). Control replies leave at once: kernel_info and interrupt
         never wait behind a flood or a stalled subscriber. ``on_sent`` is
-        called right after the send (from the sending thread).
+        called right after the send (from the sending thread), with the wall
+        time (``time.time()``) taken right *before* it: the reply cannot have
+        reached the client earlier.
 
         Runs on: the io run; for "shell" also the thread that ran the request.
 
@@ -153,9 +156,10 @@ class RequestServer:
             functools.partial(self._send_queued, channel, frames, on_sent)
         ):
             return True
+        sent_at = time.time()
         delivered = self._send_now(channel, frames)
         if on_sent is not None:
-            on_sent()
+            on_sent(sent_at)
         return delivered
 
     def _send_now(self, channel: str, frames: list[bytes]) -> bool:
@@ -168,15 +172,16 @@ class RequestServer:
             self._message_log.record("out", channel, frames, None if delivered else {"undelivered": True})
         return delivered
 
-    def _send_queued(self, channel: str, frames: list[bytes], on_sent: Callable[[], None] | None) -> None:
+    def _send_queued(self, channel: str, frames: list[bytes], on_sent: Callable[[float], None] | None) -> None:
         """The iopub task reached a queued reply (io run): send it; never raises."""
+        sent_at = time.time()
         try:
             self._send_now(channel, frames)
         except Exception:  # a socket closed at the very end of shutdown
             log.exception("%s: a reply could not be sent", channel)
         if on_sent is not None:
             try:
-                on_sent()
+                on_sent(sent_at)
             except Exception:  # a bug: never take the iopub task down
                 log.exception("%s: after a reply was sent", channel)
 
