@@ -10,12 +10,9 @@ tests/test_gui.py's (Tk skips without Xvfb, Qt runs offscreen).
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from conftest import collect_outputs
 from test_gui import (  # noqa: F401  (fixtures)
-    INTERRUPT_DEADLINE,
     needs_qt,
     needs_tk,
     ok,
@@ -52,10 +49,8 @@ def check_asyncio_while_hosted(km, kc, gui: str) -> None:
         assert stdout_of(out) == "True True\n"
         msg_id = kc.execute("print('STARTED', flush=True)\nawait asyncio.sleep(30)")
         wait_for_marker(kc, msg_id)
-        t0 = time.monotonic()
         km.interrupt_kernel()
-        reply = reply_of(kc, msg_id)
-        assert time.monotonic() - t0 < INTERRUPT_DEADLINE
+        reply = reply_of(kc, msg_id)  # within reply_of's deadline: a hang fails, a slow machine does not
         assert (reply["content"]["status"], reply["content"]["ename"]) == ("error", "KeyboardInterrupt")
         collect_outputs(kc, msg_id)
         _r, out = ok(kc, "print(asyncio.run(asyncio.sleep(0.01, 'run ok')), aio_task.done())")

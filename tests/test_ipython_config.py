@@ -119,6 +119,7 @@ def test_a_bad_value_stops_start_up_with_one_line_and_exit_1(tmp_path: pathlib.P
     ipykernel, which says "Bad config encountered" and exits 1)."""
     conn = tmp_path / "k.json"
     conn.write_text(json.dumps({"ip": "127.0.0.1", "key": "k", "transport": "tcp"}))
+    conn.chmod(0o600)  # as jupyter_client writes it: a readable key file is a warning line of its own
     p = subprocess.run(
         [sys.executable, "-m", "trikernel", "-f", str(conn), "--InteractiveShell.cache_size=notanint"],
         capture_output=True,

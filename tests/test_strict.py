@@ -547,6 +547,7 @@ def test_strict_without_the_conformance_extra_stops_start_up_with_one_line(tmp_p
     (shadow / "jsonschema.py").write_text("raise ImportError(\"No module named 'jsonschema'\", name='jsonschema')\n")
     conn = tmp_path / "conn.json"
     conn.write_text(json.dumps({"key": "k" * 16, "transport": "tcp", "ip": "127.0.0.1"}))
+    conn.chmod(0o600)  # as jupyter_client writes it: a readable key file is a warning line of its own
     env = dict(os.environ, PYTHONPATH=str(shadow))
     r = subprocess.run(
         [sys.executable, "-m", "trikernel", "-f", str(conn), "--strict"],
