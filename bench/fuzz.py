@@ -5,10 +5,16 @@ Per kernel: N messages (default 100,000), or as many as fit in
 ``--seconds``, across all five sockets in bursts of B (default 500), kinds
 drawn by a seeded random.Random; ``long_subscription`` sends each of its
 topics (1 KiB to 64 KiB) on a new IOPub connection, the last 20 kept open
-(issue 26.1). After every
+(issue 26.1); the subshells made by valid create_subshell requests are
+deleted past the last 20 (tests/fuzzer.py ``Peers``). After every
 burst: is the process alive, does kernel_info on control answer within 5 s
 (else: hung)? A dead or hung kernel is recorded with the kinds of the burst
-that got it and restarted, and the run goes on. Reported: messages sent per
+that got it and restarted, and the run goes on; a hung one first gets its
+thread stacks dumped (py-spy, if installed) and 30 s more to answer
+(``answered_within_30s_more``: stuck, or only slow). Then the next burst
+waits until the fuzzer's own shell and control requests have been served
+(``Peers.wait_answered``; ``catch_up_max_s``): closed loop, so that the
+kernel's RSS does not measure a backlog that grows from burst to burst. Reported: messages sent per
 kind, bursts survived, deaths and hangs, RSS at start / max / end, kernel
 log lines per 1,000 bad messages. Nothing is asserted.
 
@@ -22,6 +28,8 @@ import argparse
 import json
 import os
 import random
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +50,7 @@ class Target:
         self.logdir = logdir
         self.starts = 0
         self.log_lines = 0
+        self.subshells_deleted = 0
         self.start()
 
     def start(self) -> None:
@@ -54,8 +63,8 @@ class Target:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
         self.conn = load_connection(self.km.connection_file)
-        self.peers = Peers(self.conn)
         self.fuzzer = Fuzzer(self.conn)
+        self.peers = Peers(self.conn, fuzzer=self.fuzzer)  # it deletes subshells past 20 (tests/fuzzer.py)
         self.proc = psutil.Process(self.km.provisioner.pid)  # type: ignore[union-attr]
 
     def rss(self) -> int:
@@ -77,9 +86,21 @@ class Target:
                 return True
         return False
 
+    def dump_stacks(self) -> str | None:
+        """Every thread's stack of the kernel (``py-spy dump --native``) into the log
+        directory; its path, or None without py-spy (``pip install py-spy``)."""
+        spy = shutil.which("py-spy")
+        if spy is None:
+            return None
+        path = f"{self.log_path[:-4]}-stacks-{time.strftime('%H%M%S')}.txt"
+        with open(path, "w", encoding="utf-8") as f:
+            subprocess.run([spy, "dump", "--native", "--pid", str(self.proc.pid)], stdout=f, stderr=f, timeout=60)
+        return path
+
     def stop(self, graceful: bool = False) -> float | None:
         """Close the peers and end the kernel; ``graceful``: by shutdown_request, and return
         the seconds to the process's exit (None: not within 60 s, then killed)."""
+        self.subshells_deleted += self.peers.subshells_deleted
         self.peers.close()
         took = None
         if graceful and self.km.is_alive():
@@ -116,7 +137,8 @@ def run_kernel(
     deaths: list[dict[str, Any]] = []
     rss0 = t.rss()
     rss_max = rss0
-    sent = bursts = survived = 0
+    sent = bursts = survived = behind = 0
+    catch_up_max = 0.0
     t0 = time.monotonic()
     while sent < n and (stop_at is None or time.monotonic() < stop_at):
         burst_kinds: Counter[str] = Counter()
@@ -135,12 +157,24 @@ def run_kernel(
             while sock.poll(0):
                 sock.recv_multipart()
         alive = t.km.is_alive()
-        ok = alive and t.answers(5.0)
+        ok = alive and t.answers(5.0)  # control, while the burst is still being served
         rss_max = max(rss_max, t.rss())
         if ok:
+            # closed loop: the next burst once this one was served (tests/fuzzer.py
+            # Peers.wait_answered), so RSS measures the input, not a growing backlog
+            t0_catch = time.monotonic()
+            if not t.peers.wait_answered(60.0):
+                behind += 1
+            catch_up_max = max(catch_up_max, time.monotonic() - t0_catch)
+            rss_max = max(rss_max, t.rss())
             survived += 1
             continue
-        deaths.append({"after_messages": sent, "how": "died" if not alive else "hung", "burst": dict(burst_kinds)})
+        how = "died" if not alive else "hung"
+        death: dict[str, Any] = {"after_messages": sent, "how": how, "burst": dict(burst_kinds)}
+        if alive:  # what it was doing, then whether it answers at all: stuck or only slow
+            death["stacks"] = t.dump_stacks()
+            death["answered_within_30s_more"] = t.answers(30.0)
+        deaths.append(death)
         print(f"  {name}: {'died' if not alive else 'hung'} after {sent} messages", file=sys.stderr)
         t.stop()
         t.start()
@@ -164,6 +198,9 @@ def run_kernel(
         "rss_idle_mib": round(rss_idle / 2**20, 1),
         "shutdown_s": None if shutdown is None else round(shutdown, 2),
         "log_lines": t.log_lines,
+        "subshells_deleted": t.subshells_deleted,
+        "catch_up_max_s": round(catch_up_max, 2),
+        "bursts_not_served_within_60s": behind,
         "log_lines_per_1000_bad": round(1000 * t.log_lines / max(1, bad), 2),
     }
 

@@ -396,6 +396,8 @@ HEAVY = frozenset({"huge"})
 NEW_SUBSCRIBER = "iopub+"
 #: New IOPub connections :class:`Peers` keeps open at most; the oldest is closed past it.
 MAX_SUBSCRIBERS = 20
+#: Subshells a :class:`Peers` given a fuzzer keeps at most; past it the oldest is deleted.
+MAX_SUBSHELLS = 20
 
 
 class Peers:
@@ -406,10 +408,22 @@ class Peers:
     the fuzzer is never a slow subscriber. :data:`NEW_SUBSCRIBER` sends on a
     new XSUB of its own instead, kept open among the last
     :data:`MAX_SUBSCRIBERS` (subscribers come and go, as in issue 26.1).
+
+    Given ``fuzzer``, subshells come and go too: each ``create_subshell_reply``
+    read on control is noted, and past :data:`MAX_SUBSHELLS` the oldest is
+    deleted (a signed ``delete_subshell_request``, counted in
+    :attr:`subshells_deleted`). A subshell is a thread with a trio run that a
+    keyed client asked for, about 90 KiB of RSS each and kept until deleted,
+    as ipykernel keeps them: without this a 300 s run leaves ~2,000 and the
+    kernel's RSS measures the harness, not the handling of input.
     """
 
-    def __init__(self, conn: dict[str, Any], ctx: zmq.Context[Any] | None = None):
+    def __init__(self, conn: dict[str, Any], ctx: zmq.Context[Any] | None = None, fuzzer: Fuzzer | None = None):
         self.ctx = ctx or zmq.Context()
+        self.fuzzer = fuzzer
+        self.subshells: list[str] = []
+        self.subshells_deleted = 0
+        self._awaited: set[str] = set()  # msg_ids of wait_answered's requests not yet answered
         self.socks: dict[str, zmq.Socket[Any]] = {}
         ip, transport = conn.get("ip", "127.0.0.1"), conn.get("transport", "tcp")
         for ch in ALL_CHANNELS:
@@ -451,10 +465,63 @@ class Peers:
             ch = next(k for k, v in self.socks.items() if v is sock)
             while True:
                 try:
-                    sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                     self.received[ch] += 1
                 except zmq.Again:
                     break
+                if ch in ("shell", "control") and self.fuzzer is not None:
+                    self._note_reply(ch, [f.bytes for f in frames])
+
+    def wait_answered(self, timeout: float) -> bool:
+        """Send a kernel_info_request on shell and on control and read until both
+        are answered: everything sent before on those sockets has then been
+        served (each is served in order). Needs ``fuzzer``. Whether both came
+        within ``timeout`` seconds.
+
+        Without it the fuzzer is open-loop: a burst goes out whether the last
+        one was served or not, and what the kernel is behind by piles up in
+        its receive queues (up to RCVHWM messages per socket and peer, the
+        fuzzer's big frames among them), so the kernel's RSS would measure
+        how far behind it is, not what handling the input costs.
+        """
+        assert self.fuzzer is not None
+        for ch in ("shell", "control"):
+            frames = self._request("kernel_info_request", {})
+            self._awaited.add(json.loads(frames[2])["msg_id"])
+            self.socks[ch].send_multipart(frames)
+        deadline = time.monotonic() + timeout
+        while self._awaited and time.monotonic() < deadline:
+            self.drain(50)
+        answered = not self._awaited
+        self._awaited.clear()
+        return answered
+
+    def _note_reply(self, channel: str, frames: list[bytes]) -> None:
+        """A reply on shell or control: one :meth:`wait_answered` waits for, or a
+        create_subshell_reply (keep its id; delete the oldest past :data:`MAX_SUBSHELLS`)."""
+        assert self.fuzzer is not None
+        try:
+            i = frames.index(DELIM)
+            if self._awaited:
+                self._awaited.discard(json.loads(frames[i + 3]).get("msg_id"))
+            if channel != "control" or b"create_subshell_reply" not in frames[i + 2]:
+                return
+            sid = json.loads(frames[i + 5]).get("subshell_id")
+        except (ValueError, IndexError, AttributeError, TypeError):
+            return
+        if not isinstance(sid, str):
+            return
+        self.subshells.append(sid)
+        if len(self.subshells) > MAX_SUBSHELLS:
+            content = {"subshell_id": self.subshells.pop(0)}
+            self.socks["control"].send_multipart(self._request("delete_subshell_request", content))
+            self.subshells_deleted += 1
+
+    def _request(self, msg_type: str, content: dict[str, Any]) -> list[bytes]:
+        """A signed request of the harness's own (not what ``replayed`` replays)."""
+        assert self.fuzzer is not None
+        f = self.fuzzer
+        return f.signed([_dumps(f.header(msg_type)), b"{}", b"{}", _dumps(content)])
 
     def settle(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

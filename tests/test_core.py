@@ -28,7 +28,7 @@ import trio
 from trikernel.core.badinput import BadInputLog
 from trikernel.core.interfaces import EMPTY, Empty
 from trikernel.core.kernelcore import CoreDeps, KernelCore
-from trikernel.core.lanes import CLOCK_MEMORY, AbortWindow, ClientClocks, Queued
+from trikernel.core.lanes import CLOCK_MEMORY, SHELL_BACKLOG, AbortWindow, ClientClocks, Queued, SequentialLane
 from trikernel.errors import KernelShuttingDown
 from trikernel.protocol.messages import MessageBuilder, kernel_info_content
 from trikernel.protocol.wire import utcnow_iso
@@ -583,6 +583,52 @@ def test_without_subshells_create_is_an_error_reply() -> None:
         assert rig.transport.reply_of(create.msg_id).msg.content["status"] == "error"
 
     drive(script)
+
+
+class IdleSubshell:
+    """A subshell's run that is never sent a job: only listed (core.open_lane)."""
+
+    def __init__(self, subshell_id: str):
+        self.subshell_id = subshell_id
+        self.ready = trio.Event()
+
+    def stop(self) -> None:
+        pass
+
+
+def test_the_drain_at_a_failure_looks_at_each_lane_once_not_per_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """stop_on_error drains the shell socket without a checkpoint. It looked
+    at every lane's backlog per message moved: with the fuzzer's ~2,000
+    subshells (bench/fuzz.py creates them and never deletes them) and a shell
+    backlog, control did not answer for 5-13 s (py-spy: the io thread in
+    ``Lanes.any_full``). Counted, not timed: one look per lane, then one per
+    message."""
+    lanes, queued_n = 300, SHELL_BACKLOG - 56
+    looks = 0
+    full = SequentialLane.full
+
+    def counting(lane: SequentialLane) -> bool:
+        nonlocal looks
+        looks += 1
+        assert full.fget is not None
+        return bool(full.fget(lane))
+
+    monkeypatch.setattr(SequentialLane, "full", property(counting))
+
+    async def script(rig: Rig) -> None:
+        for i in range(lanes):
+            rig.core.open_lane(IdleSubshell(f"sub-{i}"))  # type: ignore[arg-type]
+        fail = rig.request("execute_request", {"code": "fail"})
+        queued = [rig.request("execute_request", {"code": f"q{i}"}) for i in range(queued_n)]
+        rig.transport.pending.extend(queued)
+        await rig.core.receive("shell", fail)
+        await rig.transport.wait_idle(fail.msg_id, *(m.msg_id for m in queued))
+        aborted = [rig.transport.reply_of(m.msg_id).msg.content.get("ename") for m in queued]
+        assert aborted == ["ExecutionAborted"] * queued_n  # every one was drained before the reply
+        assert rig.interp.ran == ["fail"]
+
+    drive(script)
+    assert looks <= (lanes + 1) + queued_n, looks  # was (lanes + 1) * queued_n
 
 
 # ------------------------------------------------------------------------ no zmq, no IPython
