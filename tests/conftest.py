@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -30,6 +31,13 @@ from trikernel.launch.cli import EXIT_RUNTIME
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+# A suite started in the background (`pytest &` in a script, nohup) inherits SIGINT
+# ignored, and Python then installs no KeyboardInterrupt handler: the in-process
+# interrupt tests and the kernels the tests start (they inherit the ignored
+# disposition across exec) would never see an interrupt. Give them Python's default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TIMEOUT = 30
 #: s a kernel may take to answer its first kernel_info (start_kernel, wait_ready)

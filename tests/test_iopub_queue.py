@@ -644,7 +644,7 @@ def test_new_subscriber_does_not_cost_a_slow_subscriber_messages(rig_factory: An
                 tail = rs.msgs[-3:]
                 return any(m.content.get("data", {}).get("text/plain", "").split(" ")[0] == str(n - 1) for m in tail)
 
-            with trio.move_on_after(20):
+            with trio.fail_after(300):  # a hang, not a speed: a loaded machine reads the tail late
                 while not last_seen():
                     if not rs.poll_once():
                         await trio.sleep(0.001)

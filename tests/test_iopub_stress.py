@@ -442,6 +442,19 @@ def stuck_scenario(specs: dict[str, str], tmp_path_factory: pytest.TempPathFacto
     n = 20000
     k = launch(specs["stuck"], tmp_path_factory.mktemp("stuck") / "kernel.log")
     ctx = zmq.Context()
+    # The reading client gets a SUB with no receive limit: libzmq's own thread then keeps
+    # taking messages off TCP however long a loaded machine starves the test's Python
+    # thread. With jupyter_client's default (1000) a starved reader filled its pipe during
+    # the stuck one's fallback and lost 3714 messages on a loaded CI run: it was a slow
+    # subscriber itself, which the fallback is allowed to skip (docs/iopub.md).
+    reader_ctx = zmq.Context()
+    reader_ctx.setsockopt(zmq.RCVHWM, 0)
+    k.kc.stop_channels()
+    k.kc = k.km.client(context=reader_ctx)
+    k.kc.start_channels()
+    deadline = time.monotonic() + TIMEOUT
+    while k.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))["msg_type"] != "iopub_welcome":
+        pass
     try:
         stuck = ctx.socket(zmq.SUB)
         stuck.linger = 0
@@ -465,6 +478,7 @@ def stuck_scenario(specs: dict[str, str], tmp_path_factory: pytest.TempPathFacto
     finally:
         ctx.destroy(linger=0)
         k.stop()
+        reader_ctx.destroy(linger=0)
 
 
 @pytest.mark.timeout(600)  # bounds a hang: no claim on speed (issue 26)
