@@ -450,7 +450,11 @@ def stuck_scenario(specs: dict[str, str], tmp_path_factory: pytest.TempPathFacto
     reader_ctx = zmq.Context()
     reader_ctx.setsockopt(zmq.RCVHWM, 0)
     k.kc.stop_channels()
-    k.kc = k.km.client(context=reader_ctx)
+    # its own Session, so its own DEALER identity: km.client() shares the manager's Session,
+    # and a new DEALER with the identity of the one just closed may get no reply (libzmq's
+    # ROUTER still routes that identity to the old pipe until it notices it is gone)
+    own = Session(key=k.km.session.key, signature_scheme=k.km.session.signature_scheme)
+    k.kc = k.km.client(context=reader_ctx, session=own)
     k.kc.start_channels()
     deadline = time.monotonic() + TIMEOUT
     while k.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))["msg_type"] != "iopub_welcome":
