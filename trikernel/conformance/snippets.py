@@ -15,6 +15,33 @@ runs in the kernel under test.
 
 from __future__ import annotations
 
+from string import Formatter
+
+
+class Snippet:
+    """A code template of a profile: ``snippet(*values)`` is the code.
+
+    Args:
+        template: :meth:`str.format` text; ``{name!r}`` writes a value as its
+            repr, ``{name}`` as its str; literal braces are doubled.
+        doc: what the code does in the kernel (the snippet's ``__doc__``).
+
+    Calling it takes the values positionally, in the order their fields first
+    appear in the template, or by name; returns the code (str). Raises
+    KeyError when a field has no value, TypeError for more values than
+    fields. Runs on: any thread (pure).
+    """
+
+    def __init__(self, template: str, doc: str):
+        self.template = template
+        self.__doc__ = doc
+        self.fields = tuple(dict.fromkeys(field for _, field, _, _ in Formatter().parse(template) if field))
+
+    def __call__(self, *values: object, **named: object) -> str:
+        if len(values) > len(self.fields):
+            raise TypeError(f"{len(values)} values for the fields {self.fields}")
+        return self.template.format(**dict(zip(self.fields, values, strict=False)), **named)
+
 
 class Python:
     """Snippets for ``language_info.name == "python"``."""
@@ -38,97 +65,64 @@ class Python:
     inspect_found = "print"
     inspect_missing = "conformance_no_such_name_xyz"
 
-    @staticmethod
-    def say(text: str) -> str:
-        """Print ``text`` on stdout: one stream message."""
-        return f"print({text!r})"
-
-    @staticmethod
-    def assign(name: str, value: object) -> str:
-        """Set global ``name`` to ``value`` (written as its repr)."""
-        return f"{name} = {value!r}"
-
-    @staticmethod
-    def increment(name: str) -> str:
-        """Add 1 to global ``name``, counting from 0 (:meth:`show` reads it)."""
-        return f"{name} = globals().get({name!r}, 0) + 1"
-
-    @staticmethod
-    def show(name: str) -> str:
-        """Print the value of global ``name`` (0 if undefined)."""
-        return f"print(globals().get({name!r}, 0))"
-
-    @staticmethod
-    def sleep_then_fail(seconds: float) -> str:
-        """Sleep ``seconds``, then raise RuntimeError: a failing cell that takes a while."""
-        return f"import time\ntime.sleep({seconds})\nraise RuntimeError('conformance: a failing cell')"
-
-    @staticmethod
-    def marker_sleep(marker: str, seconds: float) -> str:
-        """Print ``marker`` at once (the check sees the cell start), then sleep ``seconds``."""
-        return f"import time\nprint({marker!r}, flush=True)\ntime.sleep({seconds})"
-
-    @staticmethod
-    def marker_loop(marker: str) -> str:
-        """Print ``marker``, then spin forever: a cell only an interrupt ends."""
-        return f"print({marker!r}, flush=True)\nwhile True:\n    pass"
-
-    @staticmethod
-    def busy(seconds: float) -> str:
-        """Spin the CPU (no sleep) for ``seconds``."""
-        return f"import time\n_t = time.monotonic() + {seconds}\nwhile time.monotonic() < _t:\n    pass"
-
-    @staticmethod
-    def read_input(prompt: str) -> str:
-        """``input(prompt)`` (an input_request on stdin), then print the answer."""
-        return f"conformance_in = input({prompt!r})\nprint(conformance_in)"
-
-    @staticmethod
-    def read_password(prompt: str) -> str:
-        """``getpass.getpass(prompt)`` (input_request with password), then print its length."""
-        return f"import getpass\nconformance_pw = getpass.getpass({prompt!r})\nprint(len(conformance_pw))"
-
-    @staticmethod
-    def flood(lines: int) -> str:
-        """Print the numbers 0..lines-1, one per line."""
-        return f"for _i in range({lines}):\n    print(_i)"
-
-    @staticmethod
-    def displays(count: int) -> str:
-        """``count`` separate display_data messages, text/plain '0'..'count-1'."""
-        return f"from IPython.display import display\nfor _i in range({count}):\n    display(_i)"
-
-    @staticmethod
-    def padded_displays(count: int, width: int) -> str:
-        """``count`` display_data messages whose text/plain is the repr of
-        ``'x' * width + str(i)``, i = 0..count-1."""
-        return f"from IPython.display import display\nfor _i in range({count}):\n    display('x' * {width} + str(_i))"
-
-    @staticmethod
-    def ticker(count: int, interval: float) -> str:
-        """A line every ``interval`` s, ``count`` times."""
-        return f"import time\nfor _i in range({count}):\n    print(_i, flush=True)\n    time.sleep({interval})"
-
-    @staticmethod
-    def update_display(first: str, second: str) -> str:
-        """Display ``first`` with a display_id, then update it to ``second``."""
-        return (
-            "from IPython.display import display\n"
-            f"_conformance_h = display({first!r}, display_id=True)\n"
-            f"_conformance_h.update({second!r})"
-        )
-
-    @staticmethod
-    def echo_comm_target(target: str) -> str:
-        """Register comm target ``target``: on open it sends {'opened': True};
-        every comm_msg is echoed back as {'echo': data}."""
-        return (
-            "import comm\n"
-            "def _conformance_target(c, open_msg):\n"
-            "    c.on_msg(lambda m: c.send({'echo': m['content']['data']}))\n"
-            "    c.send({'opened': True})\n"
-            f"comm.get_comm_manager().register_target({target!r}, _conformance_target)"
-        )
+    say = Snippet("print({text!r})", "Print ``text`` on stdout: one stream message.")
+    assign = Snippet("{name} = {value!r}", "Set global ``name`` to ``value`` (written as its repr).")
+    increment = Snippet(
+        "{name} = globals().get({name!r}, 0) + 1", "Add 1 to global ``name``, counting from 0 (:attr:`show` reads it)."
+    )
+    show = Snippet("print(globals().get({name!r}, 0))", "Print the value of global ``name`` (0 if undefined).")
+    sleep_then_fail = Snippet(
+        "import time\ntime.sleep({seconds})\nraise RuntimeError('conformance: a failing cell')",
+        "Sleep ``seconds``, then raise RuntimeError: a failing cell that takes a while.",
+    )
+    marker_sleep = Snippet(
+        "import time\nprint({marker!r}, flush=True)\ntime.sleep({seconds})",
+        "Print ``marker`` at once (the check sees the cell start), then sleep ``seconds``.",
+    )
+    marker_loop = Snippet(
+        "print({marker!r}, flush=True)\nwhile True:\n    pass",
+        "Print ``marker``, then spin forever: a cell only an interrupt ends.",
+    )
+    busy = Snippet(
+        "import time\n_t = time.monotonic() + {seconds}\nwhile time.monotonic() < _t:\n    pass",
+        "Spin the CPU (no sleep) for ``seconds``.",
+    )
+    read_input = Snippet(
+        "conformance_in = input({prompt!r})\nprint(conformance_in)",
+        "``input(prompt)`` (an input_request on stdin), then print the answer.",
+    )
+    read_password = Snippet(
+        "import getpass\nconformance_pw = getpass.getpass({prompt!r})\nprint(len(conformance_pw))",
+        "``getpass.getpass(prompt)`` (input_request with password), then print its length.",
+    )
+    flood = Snippet("for _i in range({lines}):\n    print(_i)", "Print the numbers 0..lines-1, one per line.")
+    displays = Snippet(
+        "from IPython.display import display\nfor _i in range({count}):\n    display(_i)",
+        "``count`` separate display_data messages, text/plain '0'..'count-1'.",
+    )
+    padded_displays = Snippet(
+        "from IPython.display import display\nfor _i in range({count}):\n    display('x' * {width} + str(_i))",
+        "``count`` display_data messages whose text/plain is the repr of ``'x' * width + str(i)``, i = 0..count-1.",
+    )
+    ticker = Snippet(
+        "import time\nfor _i in range({count}):\n    print(_i, flush=True)\n    time.sleep({interval})",
+        "A line every ``interval`` s, ``count`` times.",
+    )
+    update_display = Snippet(
+        "from IPython.display import display\n"
+        "_conformance_h = display({first!r}, display_id=True)\n"
+        "_conformance_h.update({second!r})",
+        "Display ``first`` with a display_id, then update it to ``second``.",
+    )
+    echo_comm_target = Snippet(
+        "import comm\n"
+        "def _conformance_target(c, open_msg):\n"
+        "    c.on_msg(lambda m: c.send({{'echo': m['content']['data']}}))\n"
+        "    c.send({{'opened': True}})\n"
+        "comm.get_comm_manager().register_target({target!r}, _conformance_target)",
+        "Register comm target ``target``: on open it sends {'opened': True}; "
+        "every comm_msg is echoed back as {'echo': data}.",
+    )
 
 
 PROFILES: dict[str, type[Python]] = {"python": Python}
