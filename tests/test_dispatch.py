@@ -240,8 +240,17 @@ def rig() -> Iterator[Rig]:
     iopub = IOPubTask(bound.sockets["iopub"], queue, builder, send_timeout=5.0, warn_after=1.0)
     io = IORun(
         IORunParts(
-            builder, queue, iopub, core, requests, stdin, TrioSocket(bound.sockets["stdin"], "stdin"), user_run, config
-        )  # type: ignore[arg-type]
+            builder,
+            queue,
+            iopub,
+            core,
+            requests,
+            stdin,
+            TrioSocket(bound.sockets["stdin"], "stdin"),
+            user_run,  # type: ignore[arg-type]
+            config.shutdown_grace,
+            config.parent_poll_interval,
+        )
     )
     io.start()
     assert io.wait_ready()

@@ -55,7 +55,17 @@ def _open(tmp_path: Any, **kw: Any) -> tuple[MessageLog, str]:
     path = str(tmp_path / "messages.jsonl")
     config = KernelConfig(message_log=path, **kw)
     conn = ConnectionInfo(key=KEY.encode(), curve_publickey=b"x" * 40, curve_secretkey=CURVE_SECRET.encode())
-    return MessageLog.open(config, conn), path
+    return _open_with(config, conn), path
+
+
+def _open_with(config: KernelConfig, conn: ConnectionInfo) -> MessageLog:
+    return MessageLog.open(
+        config.message_log,
+        conn,
+        strict=config.strict,
+        content_bytes=config.message_log_content,
+        capacity=config.message_log_queue,
+    )
 
 
 SIGNER = Signer(KEY.encode())
@@ -447,7 +457,7 @@ def test_a_getpass_answer_and_an_escaped_key_are_redacted(tmp_path: Any) -> None
     path = str(tmp_path / "messages.jsonl")
     odd_key = 'quote"key\\é-12345'
     conn = ConnectionInfo(key=odd_key.encode())
-    mlog = MessageLog.open(KernelConfig(message_log=path), conn)
+    mlog = _open_with(KernelConfig(message_log=path), conn)
     ask_pw = BUILDER.msg("input_request", {"prompt": "pw: ", "password": True})
     ask_plain = BUILDER.msg("input_request", {"prompt": "name: ", "password": False})
     mlog.record("out", "stdin", serialize(ask_pw, SIGNER))

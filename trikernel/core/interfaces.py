@@ -91,17 +91,12 @@ class Transport(Protocol):
 class UserRunHandle(Protocol):
     """A user trio run that takes jobs (user/userrun.py: the main thread's, or a subshell's)."""
 
-    @property
-    def busy(self) -> bool:
-        """A sequential job is running (any thread)."""
-
-    @property
-    def stopping(self) -> bool:
-        """:meth:`stop` was called (any thread)."""
-
-    @property
-    def stopped(self) -> threading.Event:
-        """Set when the run has returned (any thread)."""
+    #: A sequential job is running (read on any thread; the run sets it).
+    busy: bool
+    #: :meth:`stop` was called (read on any thread).
+    stopping: bool
+    #: Set when the run has returned (wait on any thread).
+    stopped: threading.Event
 
     def start_job_soon(self, job: Job) -> None:
         """Queue a sequential job (any thread, non-blocking). Raises
@@ -199,9 +194,8 @@ class IOPubStatistics(Protocol):
 class IOPubSink(Protocol):
     """The IOPub queue as user code sees it (server/iopubqueue.py)."""
 
-    @property
-    def closed(self) -> bool:
-        """The queue is closed (shutdown): nothing more is published."""
+    #: The queue is closed (shutdown): nothing more is published (read on any thread).
+    closed: bool
 
     @property
     def in_io_thread(self) -> bool:

@@ -266,7 +266,17 @@ def _run(argv: list[str]) -> int:
         from trikernel.server.messagelog import MessageLog
 
         strict = load_strict() if config.strict else None
-        message_log = MessageLog.open(config, conn) if config.message_log else None
+        message_log = (
+            MessageLog.open(
+                config.message_log,
+                conn,
+                strict=config.strict,
+                content_bytes=config.message_log_content,
+                capacity=config.message_log_queue,
+            )
+            if config.message_log
+            else None
+        )
     except ConfigError as exc:
         return fail(str(exc))
 

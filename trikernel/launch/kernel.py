@@ -162,7 +162,8 @@ class Kernel:
                 self.stdin,
                 TrioSocket(bound.sockets["stdin"], "stdin"),
                 self.user_run,
-                config,
+                config.shutdown_grace,
+                config.parent_poll_interval,
                 (self.bad_input.run, parse.heap.run, self.subshells.serve, self.debugger.serve, *services),
                 self.subshells,
             )

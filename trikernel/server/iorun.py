@@ -59,18 +59,6 @@ class Service(Protocol):
     def __call__(self, *, task_status: trio.TaskStatus[None] = ...) -> Awaitable[None]: ...
 
 
-class IORunSettings(Protocol):
-    """The KernelConfig fields the io run reads (launch/config.py declares them): seconds."""
-
-    @property
-    def shutdown_grace(self) -> float:
-        """Seconds user code gets to stop at shutdown."""
-
-    @property
-    def parent_poll_interval(self) -> float:
-        """Seconds between checks that the launching process lives."""
-
-
 @dataclass
 class IORunParts:
     """The io run's tasks, built on the main thread before it starts."""
@@ -83,7 +71,10 @@ class IORunParts:
     stdin: StdinBridge
     stdin_socket: TrioSocket
     user_run: UserRunHandle
-    config: IORunSettings
+    #: seconds user code gets to stop at shutdown (``--shutdown-grace``)
+    shutdown_grace: float
+    #: seconds between checks that the launching process lives
+    parent_poll_interval: float
     #: extra io-run services (e.g. a gateway comm port), each started with task_status
     services: tuple[Service, ...] = ()
     #: the subshells (JEP 91), stopped beside the main user run at shutdown
@@ -139,7 +130,7 @@ class IORun:
         finally:
             self._ready.set()
             self._p.user_run.stop()
-        grace = self._p.config.shutdown_grace
+        grace = self._p.shutdown_grace
         if not self._p.user_run.stopped.wait(grace):
             # user code does not return: nothing more to wait for
             log.warning("user code did not stop within %.1fs; exiting", grace)
@@ -171,7 +162,7 @@ class IORun:
     async def _stop_user_run(self) -> None:
         run = self._p.user_run
         run.stop()
-        grace = self._p.config.shutdown_grace
+        grace = self._p.shutdown_grace
         subshells = self._p.subshells
         async with trio.open_nursery() as nursery:
             if subshells is not None:  # at the same time as the main run, within the same grace
@@ -203,7 +194,7 @@ class IORun:
             return
         assert self._shutdown is not None
         while True:
-            await trio.sleep(self._p.config.parent_poll_interval)  # no event tells us the parent is gone
+            await trio.sleep(self._p.parent_poll_interval)  # no event tells us the parent is gone
             if os.getppid() != ppid:
                 log.warning("launching process %d is gone; shutting down", ppid)
                 self._shutdown.set()

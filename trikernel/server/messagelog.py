@@ -71,7 +71,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from trikernel.errors import ConfigError
 from trikernel.protocol.wire import DELIM
@@ -162,26 +162,6 @@ _Record = tuple[float, str, str, Sequence[_Frame], int, Sequence[_Frame] | None,
 _NO_SIZES: tuple[int, ...] = ()
 
 
-class MessageLogSettings(Protocol):
-    """The KernelConfig fields :meth:`MessageLog.open` reads (launch/config.py declares them)."""
-
-    @property
-    def message_log(self) -> str:
-        """The file to append to."""
-
-    @property
-    def strict(self) -> bool:
-        """``--strict`` is on (recorded in the log's first line)."""
-
-    @property
-    def message_log_content(self) -> int:
-        """Bytes of content kept per line."""
-
-    @property
-    def message_log_queue(self) -> int:
-        """Lines waiting for the writer, at most."""
-
-
 @dataclass(frozen=True, slots=True)
 class MessageLogStats:
     """What :meth:`MessageLog.statistics` returns (``%trikernel`` shows it).
@@ -261,11 +241,17 @@ class MessageLog:
         self._thread.start()
 
     @classmethod
-    def open(cls, config: MessageLogSettings, conn: ConnectionInfo) -> MessageLog:
-        """Open ``config.message_log`` (a KernelConfig, or anything with its
-        four fields: :class:`MessageLogSettings`) for appending (created 0600) and start
-        the writer; ``conn``'s HMAC key and CurveZMQ secret key are never
-        written.
+    def open(cls, file: str, conn: ConnectionInfo, *, strict: bool, content_bytes: int, capacity: int) -> MessageLog:
+        """Open ``file`` (``--message-log``) for appending (created 0600) and
+        start the writer; ``conn``'s HMAC key and CurveZMQ secret key are
+        never written.
+
+        Args:
+            file: the path to append to.
+            conn: the connection, for the secrets to redact.
+            strict: ``--strict`` is on (recorded in the log's first line).
+            content_bytes: bytes of content kept per line (``--message-log-content``).
+            capacity: lines waiting for the writer, at most (``--message-log-queue``).
 
         Raises ConfigError naming ``--message-log`` when the file cannot be
         opened (one line; start-up stops).
@@ -273,7 +259,7 @@ class MessageLog:
         from trikernel import __version__
 
         secrets = [k.decode("utf-8", "replace") for k in (conn.key, conn.curve_secretkey) if k]
-        path = os.path.abspath(config.message_log)
+        path = os.path.abspath(file)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             stream = os.fdopen(fd, "w", encoding="utf-8", errors="replace")
@@ -282,15 +268,15 @@ class MessageLog:
         opened = {
             "pid": os.getpid(),
             "trikernel": __version__,
-            "strict": config.strict,
-            "content_bound": config.message_log_content,
-            "queue": config.message_log_queue,
+            "strict": strict,
+            "content_bound": content_bytes,
+            "queue": capacity,
         }
         return cls(
             stream,
             path,
-            content_bytes=config.message_log_content,
-            capacity=config.message_log_queue,
+            content_bytes=content_bytes,
+            capacity=capacity,
             secrets=secrets,
             opened=opened,
         )
