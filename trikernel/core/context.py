@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from trikernel.protocol.messages import MessageBuilder
     from trikernel.protocol.wire import Message
 
+    #: What :meth:`RequestContext.reply_early` was given: (metadata, when).
+    _EarlyReply = tuple[Callable[[dict[str, Any]], dict[str, Any]] | None, Callable[[dict[str, Any]], bool] | None]
+
 log = logging.getLogger("trikernel.dispatch")
 
 #: Seconds the bracket waits at most to queue idle when cancelled
@@ -75,13 +78,10 @@ class RequestContext:
     def __init__(self, transport: Transport, builder: MessageBuilder, channel: str, msg: Message):
         self._transport = transport
         self._builder = builder
+        self._early: _EarlyReply | None = None  # set by reply_early: (metadata, when)
         self.channel = channel
         self.msg = msg
-        self.replied = False
-        self.idle_sent = False
-        self._early: (
-            tuple[Callable[[dict[str, Any]], dict[str, Any]] | None, Callable[[dict[str, Any]], bool] | None] | None
-        ) = None
+        self.replied = self.idle_sent = False
 
     async def busy(self) -> None:
         """Publish ``status: busy`` (io run; waits only past the io overdraft)."""

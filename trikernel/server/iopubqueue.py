@@ -182,12 +182,12 @@ class IOPubQueue:
 
     def __init__(self, capacity: int, stream_batch_chars: int, stats: IOPubStats, signer: Signer):
         self.capacity = capacity
-        self.signer = signer
-        self.stream_batch_chars = stream_batch_chars
-        self.stats = stats
         # One lock guards items, open batches and credits; producers in other
         # threads wait for a credit on _space (interruptible by Ctrl-C).
         self._free = capacity
+        self.signer = signer
+        self.stream_batch_chars = stream_batch_chars
+        self.stats = stats
         self._items: deque[_Item] = deque()
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)

@@ -366,12 +366,9 @@ def _harden(loop: Any) -> None:
         token.run_sync_soon(queue_handle, handle)
         return handle
 
-    loop._queue_handle = _queue_handle
-    loop.run_until_complete = run_until_complete
-    loop.run_forever = run_forever
-    loop.stop = stop
-    loop.run_in_executor = run_in_executor
-    loop.set_default_executor = set_default_executor
+    # each override shadows, on the instance, the loop method of its own name
+    for override in (_queue_handle, run_until_complete, run_forever, stop, run_in_executor, set_default_executor):
+        setattr(loop, override.__name__, override)
     loop._nest_patched = True  # nest_asyncio.apply() leaves this loop alone (its _patch_loop checks it)
     loop.set_exception_handler(_handler)
     if isinstance(getattr(loop, "_nursery", None), trio.Nursery):
