@@ -226,6 +226,42 @@ def test_shutdown_with_restart_garbage_gets_a_valid_reply_and_exits_cleanly(jupy
         km.cleanup_resources()
 
 
+def peak_rss(pid: int) -> int:
+    """The process's peak resident set size since it started (VmHWM), bytes."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="VmHWM is Linux's /proc")
+def test_oversize_json_frame_is_dropped_without_a_copy(kernel_with_log):
+    """Issue 26.1: a JSON frame over --max-json-bytes costs the kernel the one
+    buffer libzmq received it into, never a second copy. Before, pyzmq's
+    recv_multipart() copied the frame into bytes before the parser dropped it
+    unread: two copies at once (a 256 MiB frame: peak +512 MiB; the 300 s
+    fuzz's maximum, docs/robustness.md). Memory, not time: the peak is read
+    from the kernel's VmHWM after the drop was counted."""
+    km, kc, ctx, log_path = kernel_with_log
+    pid = km.provisioner.process.pid
+    assert_serving(km, kc)  # IPython loaded and a cell ran: the baseline is warm
+    base = peak_rss(pid)
+    size = 256 << 20  # 4x the default --max-json-bytes
+    parts = [json.dumps(header("kernel_info_request")).encode(), b"{}", b"{}", b'{"blob": "' + b"a" * size + b'"}']
+    mac = hmac.new(conn_of(km)["key"].encode(), digestmod=hashlib.sha256)
+    for p in parts:
+        mac.update(p)
+    peer = Peer(ctx, conn_of(km), "shell")
+    peer.sock.send_multipart([DELIM, mac.hexdigest().encode(), *parts])  # frames over 64 KiB: not copied
+    del parts
+    assert wait_for_drops(kc, "frame_too_large", 1, timeout=60) == 1
+    growth = peak_rss(pid) - base
+    assert growth < (384 << 20), f"peak RSS +{growth / 2**20:.0f} MiB for one {size >> 20} MiB frame: copied"
+    assert_serving(km, kc)
+    assert "Traceback" not in log_path.read_text(encoding="utf-8")
+
+
 def test_date_shaped_header_is_not_echoed_to_other_clients(kernel_with_log):
     """jupyter_client's extract_dates raises on "2020-13-45T99:99:99" in a
     parent_header: echoed on IOPub it broke every other client's reader."""

@@ -262,6 +262,42 @@ def test_comms_both_ways(kernel):
     assert opened["data"] == {"a": 1}
 
 
+def test_comm_msg_binary_buffers_reach_the_handler_and_echo_back(kernel):
+    """Binary buffers (ipywidgets' binary state): a short one is received as
+    bytes, one over 64 KiB as a view of libzmq's buffer (no copy); the
+    handler gets memoryviews of both, as from ipykernel, with their bytes,
+    and can send them back."""
+    _km, kc = kernel
+    setup = (
+        "import comm\n"
+        "seen = []\n"
+        "def target(c, open_msg):\n"
+        "    def on_msg(m):\n"
+        "        bufs = m['buffers']\n"
+        "        seen.append([(type(b).__name__, len(b), bytes(b[:2]), bytes(b[-2:])) for b in bufs])\n"
+        "        c.send({'n': len(bufs)}, buffers=bufs)\n"
+        "    c.on_msg(on_msg)\n"
+        "comm.get_comm_manager().register_target('bufs', target)\n"
+    )
+    execute(kc, setup)
+    from conftest import collect_outputs
+
+    comm_id = uuid.uuid4().hex
+    open_msg = kc.session.msg("comm_open", {"comm_id": comm_id, "target_name": "bufs", "data": {}})
+    kc.shell_channel.send(open_msg)
+    collect_outputs(kc, open_msg["header"]["msg_id"])
+    small, large = b"ab\x00yz", b"AB" + bytes(range(256)) * 4096 + b"YZ"
+    msg = kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {}})
+    kc.session.send(kc.shell_channel.socket, msg, buffers=[small, large])
+    out = collect_outputs(kc, msg["header"]["msg_id"])
+    echo = next(m for m in out if m["msg_type"] == "comm_msg")
+    assert echo["content"]["data"] == {"n": 2}
+    assert [bytes(b) for b in echo["buffers"]] == [small, large]
+    _reply, out = execute(kc, "seen")
+    result = next(m for m in out if m["msg_type"] == "execute_result")["content"]["data"]["text/plain"]
+    assert result == repr([[("memoryview", 5, b"ab", b"yz"), ("memoryview", len(large), b"AB", b"YZ")]])
+
+
 def test_ipywidgets_click_reaches_on_click(kernel):
     pytest.importorskip("ipywidgets")
     _km, kc = kernel

@@ -473,3 +473,20 @@ def test_a_getpass_answer_and_an_escaped_key_are_redacted(tmp_path: Any) -> None
     assert json.dumps(odd_key, ensure_ascii=False)[1:-1] not in text
     replies = [m for m in _messages(_lines(path)) if m["msg_type"] == "input_reply"]
     assert [r["content"]["value"] for r in replies] == [REDACTED, "Ada"]
+
+
+def test_frames_received_as_views_are_logged_as_bytes(tmp_path: Any) -> None:
+    """Frames over 64 KiB arrive as memoryviews of libzmq's buffer
+    (server/sockets.py): within ``--message-log-content`` the content is
+    still logged whole (copied, so the log holds no view), past it cut."""
+    mlog, path = _open(tmp_path, message_log_content=1 << 20)
+    whole = _frames("execute_request", {"code": "x" * (100 << 10)})
+    cut = _frames("execute_request", {"code": "y" * (2 << 20)})
+    for frames in (whole, cut):
+        mlog.record("in", "shell", [memoryview(f) if len(f) > 1 << 16 else f for f in frames])
+    mlog.close()
+    first, second = _messages(_lines(path))
+    assert first["content"] == {"code": "x" * (100 << 10)}
+    assert "content" not in second
+    assert second["content_bytes"] == len(cut[-1])
+    assert second["content_cut"] == cut[-1][: 1 << 20].decode()

@@ -126,3 +126,28 @@ def test_fuzz_content_round_trips(content):
     msg = Session().msg("x", content, None)
     back = deserialize(serialize(msg, Signer(KEY)), Signer(KEY))
     assert back.content == json.loads(json.dumps(content))
+
+
+def test_frames_received_as_views_parse_like_bytes_and_are_not_copied():
+    """The server hands frames over 64 KiB as memoryviews of libzmq's buffer
+    (server/sockets.py): a message of views parses to the same message,
+    its HMAC (fed frame by frame past 64 KiB) is the same, its buffers stay
+    the views they were, and an oversize JSON view is refused unread."""
+    big = "x" * (1 << 17)
+    msg = Session().msg("comm_msg", {"comm_id": "c", "data": {"s": big}}, None, buffers=(b"\0" * (1 << 17), b"zz"))
+    frames = serialize(msg, Signer(KEY))
+    assert frames[1] == hmac.new(KEY, b"".join(frames[2:6]), hashlib.sha256).hexdigest().encode()
+    views: list[bytes | memoryview] = [memoryview(f) if len(f) > 1 << 16 else f for f in frames]
+    assert any(isinstance(v, memoryview) for v in views[2:6])
+    back = deserialize(views, Signer(KEY))
+    assert back.content == msg.content
+    assert back.header == msg.header
+    assert isinstance(back.buffers[0], memoryview)
+    assert back.buffers[0].obj is frames[6]  # the received buffer itself, not a copy
+    assert back.buffers == (b"\0" * (1 << 17), b"zz")
+    with pytest.raises(ProtocolError) as exc:  # a view with no key: the signature frame is not looked at either
+        deserialize([DELIM, memoryview(b"s" * (1 << 17)), *views[2:5], memoryview(b"{" * (65 << 20))], Signer(b""))
+    assert exc.value.kind == "frame_too_large"
+    with pytest.raises(ProtocolError) as exc:  # a long bad signature: refused without a copy
+        deserialize([DELIM, memoryview(b"s" * (1 << 17)), *views[2:6]], Signer(KEY))
+    assert exc.value.kind == "bad_signature"

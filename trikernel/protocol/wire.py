@@ -12,7 +12,11 @@ computed over the four JSON frames in order. An empty key disables signing
 (``hmac.compare_digest``) and every accepted signature is remembered in a
 bounded replay guard: a message whose signature was seen before is rejected.
 
-No sockets, no trio, no zmq here: bytes in, messages out.
+No sockets, no trio, no zmq here: bytes in, messages out. A received frame
+may also be a ``memoryview`` (:data:`Received`: the server hands long frames
+over as views of the buffer they were received into); nothing here copies
+one before its size was checked, and a JSON frame is decoded straight from
+it.
 
 Runs on: any thread (pure: bytes in, messages out); a :class:`Signer`'s
 replay guard (``verify``, ``remember``) belongs to the io run, which
@@ -33,7 +37,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from trikernel.errors import ConfigError, ProtocolError
 
@@ -41,11 +45,18 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 DELIM = b"<IDS|MSG>"
+#: A frame as received: bytes, or a view of the receiver's buffer (a long
+#: frame, not copied; server/sockets.py ``COPY_THRESHOLD``).
+Received = bytes | memoryview
+#: Bytes signed above which :meth:`Signer.sign` feeds the HMAC frame by
+#: frame instead of joining the frames into one copy first (64 KiB).
+_JOIN_BYTES = 1 << 16
 PROTOCOL_VERSION = "5.5"
 #: How many recent signatures the replay guard remembers (count).
 REPLAY_WINDOW = 65536
 
 _REQUIRED_HEADER = ("msg_id", "msg_type")
+_F = TypeVar("_F", bytes, Received)
 
 
 def _stdlib_dumps(obj: Any) -> bytes:
@@ -193,19 +204,24 @@ def _reject_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
-def loads(data: bytes, max_depth: int = DEFAULT_LIMITS.max_json_depth) -> Any:
+def loads(data: Received, max_depth: int = DEFAULT_LIMITS.max_json_depth) -> Any:
     """Decode one JSON frame (UTF-8; invalid bytes become U+FFFD, as
     jupyter_client's unpacker does, so as ipykernel does).
+
+    ``data`` is decoded to text straight from its buffer (a memoryview is
+    not copied to bytes first); only a frame with more brackets than
+    ``max_depth`` is copied, for the depth pre-scan.
 
     Raises ProtocolError (kind "too_deep") if it nests deeper than
     ``max_depth``, ProtocolError (kind "invalid_json") for anything else
     the parser refuses, never another exception.
     """
     try:
-        raw = bytes(data)
-        # brackets and quotes are ASCII: the same bytes before and after decoding
-        _check_depth(raw, max_depth)
-        return _DECODER.decode(raw.decode("utf-8", "replace"))
+        text = str(data, "utf-8", "replace")
+        # brackets and quotes are ASCII: the same count before and after decoding
+        if text.count("[") + text.count("{") > max_depth:
+            _check_depth(bytes(data), max_depth)
+        return _DECODER.decode(text)
     except ProtocolError:
         raise
     except Exception as exc:  # ValueError, RecursionError, MemoryError, ...: the peer's input
@@ -282,14 +298,19 @@ class Signer:
         """Whether messages are signed and verified: the connection has a non-empty key."""
         return bool(self.key)
 
-    def sign(self, parts: Sequence[bytes]) -> bytes:
+    def sign(self, parts: Sequence[Received]) -> bytes:
         """Hex HMAC of ``parts`` (the four JSON frames), or b"" without a key."""
         if not self.key:
             return b""
+        if sum(map(len, parts)) > _JOIN_BYTES:  # no joined copy of large frames
+            h = hmac.new(self.key, digestmod=self._digest)
+            for p in parts:
+                h.update(p)
+            return h.hexdigest().encode()
         # one-shot OpenSSL HMAC: a third of hmac.new + update + hexdigest
         return hmac.digest(self.key, b"".join(parts), self._digest).hex().encode()
 
-    def verify(self, signature: bytes, parts: Sequence[bytes]) -> None:
+    def verify(self, signature: Received, parts: Sequence[Received]) -> None:
         """Check ``signature`` over ``parts``: present, right, not seen before.
 
         Raises ProtocolError for a missing, wrong or replayed signature. A
@@ -302,12 +323,12 @@ class Signer:
         if not signature:
             raise ProtocolError("message is unsigned but the connection has a key", "unsigned")
         expected = self.sign(parts)
-        if not hmac.compare_digest(expected, bytes(signature)):
+        if not hmac.compare_digest(expected, signature):  # a view as it is: no copy
             raise ProtocolError("bad message signature", "bad_signature")
         if bytes(signature) in self._seen:
             raise ProtocolError("replayed message signature", "replayed")
 
-    def remember(self, signature: bytes) -> None:
+    def remember(self, signature: Received) -> None:
         """Record an accepted message's signature against replay (bounded:
         the most recent ``replay_window``)."""
         if not self.key:
@@ -329,7 +350,7 @@ class Message:
     parent_header: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     content: dict[str, Any] = field(default_factory=dict)
-    buffers: tuple[bytes, ...] = ()
+    buffers: tuple[Received, ...] = ()
     identities: tuple[bytes, ...] = ()
 
     @property
@@ -356,19 +377,25 @@ def serialize(msg: Message, signer: Signer) -> list[bytes]:
     return [*msg.identities, DELIM, signer.sign(parts), *parts, *(bytes(b) for b in msg.buffers)]
 
 
-def split_identities(frames: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
-    """Split at ``<IDS|MSG>``. Raises ProtocolError if the delimiter is absent."""
+def split_identities(frames: Sequence[_F]) -> tuple[list[bytes], list[_F]]:
+    """Split at ``<IDS|MSG>``: the identities as bytes, the frames after
+    the delimiter as they are (a view is not copied). Raises ProtocolError
+    if the delimiter is absent."""
     for i, f in enumerate(frames):
-        if bytes(f) == DELIM:
-            return [bytes(x) for x in frames[:i]], [bytes(x) for x in frames[i + 1 :]]
+        if len(f) == len(DELIM) and f == DELIM:
+            return [bytes(x) for x in frames[:i]], list(frames[i + 1 :])
     raise ProtocolError("no <IDS|MSG> delimiter in message frames", "no_delimiter")
 
 
-def deserialize(frames: Sequence[bytes], signer: Signer, limits: WireLimits = DEFAULT_LIMITS) -> Message:
+def deserialize(frames: Sequence[Received], signer: Signer, limits: WireLimits = DEFAULT_LIMITS) -> Message:
     """Parse and verify one multipart message.
 
     Bounds first (``limits``: frame count, JSON frame sizes), then the
     signature, then JSON (depth checked before parsing), then the header.
+    No frame is copied before its size was checked: a JSON frame over the
+    limit is dropped as it was received, and the HMAC reads the frames
+    where they are. Buffers (the frames after content) are kept as they
+    were received (bytes, or a view).
 
     Raises ProtocolError, whose ``kind`` says what was wrong, for: too many
     frames, no delimiter, fewer than 5 frames after it, a JSON frame over
@@ -387,7 +414,7 @@ def deserialize(frames: Sequence[bytes], signer: Signer, limits: WireLimits = DE
         raise ProtocolError(f"could not parse message: {exc.__class__.__name__}", "parse_error") from None
 
 
-def _deserialize(frames: Sequence[bytes], signer: Signer, limits: WireLimits) -> Message:
+def _deserialize(frames: Sequence[Received], signer: Signer, limits: WireLimits) -> Message:
     if len(frames) > limits.max_frames:
         raise ProtocolError(f"{len(frames)} frames in one message (limit {limits.max_frames})", "too_many_frames")
     identities, rest = split_identities(frames)

@@ -4,7 +4,10 @@ Runs on: the io run (called by the channel tasks). Bad input is the peer's
 fault (errors.ProtocolError): it is counted and dropped, and logged at a
 bounded rate, never with the key or the content (badinput.py; messaging spec
 "The Wire Protocol"; docs/design.md, "Requests"). What is parsed is bounded
-before parsing (wire.WireLimits).
+before parsing (wire.WireLimits), and before it is copied: the channel
+sockets hand long frames over as views of libzmq's buffer
+(sockets.COPY_THRESHOLD), so a JSON frame over ``--max-json-bytes`` is
+dropped without ever being copied into a Python object.
 
 This is the one place every incoming message passes, so the two aids for
 client authors sit here (docs/conformance.md): with ``--strict`` a message
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from trikernel.errors import ProtocolError
 from trikernel.protocol.strict import StrictCheck, log_detail
-from trikernel.protocol.wire import DEFAULT_LIMITS, Message, Signer, WireLimits, deserialize
+from trikernel.protocol.wire import DEFAULT_LIMITS, Message, Received, Signer, WireLimits, deserialize
 from trikernel.server.heap import HeapTrimmer
 
 if TYPE_CHECKING:
@@ -59,13 +62,17 @@ class InboundParser:
         self._strict = strict
         self.heap = HeapTrimmer()
 
-    def __call__(self, channel: str, frames: list[bytes]) -> Message | None:
+    def __call__(self, channel: str, frames: list[Received]) -> Message | None:
+        dropped: tuple[str, str] | None = None
         try:
             msg = deserialize(frames, self.signer, self._limits)
         except ProtocolError as exc:  # deserialize raises nothing else
-            self.bad_input.record(channel, exc.kind, str(exc))
+            dropped = (exc.kind, str(exc))
+        if dropped is not None:  # past the except: its traceback, which holds the frames, is gone
+            kind, detail = dropped
+            self.bad_input.record(channel, kind, detail)
             if self.message_log is not None:
-                self.message_log.record("in", channel, frames, {"dropped": exc.kind, "detail": str(exc)})
+                self.message_log.record("in", channel, frames, {"dropped": kind, "detail": detail})
             size = sum(len(f) for f in frames)
             frames.clear()  # the caller's list: the frames are freed before the heap is trimmed
             self.heap.dropped(size)
@@ -78,7 +85,7 @@ class InboundParser:
             log.debug("%s: received %s %s", channel, msg.msg_type, msg.msg_id)
         return msg
 
-    def _check(self, channel: str, msg: Message, frames: list[bytes]) -> Message:
+    def _check(self, channel: str, msg: Message, frames: list[Received]) -> Message:
         """--strict: the message, or a Refused carrying its violations."""
         assert self._strict is not None
         verdict = self._strict(channel, msg)

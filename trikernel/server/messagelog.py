@@ -71,10 +71,11 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from trikernel.errors import ConfigError
-from trikernel.protocol.wire import DELIM
+from trikernel.protocol.wire import DELIM, Received
+from trikernel.server.sockets import COPY_THRESHOLD
 from trikernel.threads import not_traced
 
 if TYPE_CHECKING:
@@ -282,7 +283,9 @@ class MessageLog:
         )
 
     # -- io run ------------------------------------------------------------------
-    def record(self, direction: str, channel: str, frames: Sequence[bytes], note: dict[str, Any] | None = None) -> None:
+    def record(
+        self, direction: str, channel: str, frames: Sequence[Received], note: dict[str, Any] | None = None
+    ) -> None:
         """Queue one message's frames (io run only; never blocks).
 
         ``direction``: "in" or "out"; ``channel``: shell, control, stdin or
@@ -307,11 +310,14 @@ class MessageLog:
             )
         else:
             keep = self._keep
-            idents: Sequence[_Frame] = frames[:i] if i <= MAX_IDENTITIES else frames[:MAX_IDENTITIES]
-            parts: Sequence[_Frame] = frames[i + 2 : i + 6]  # frames[i + 1] is the signature: not kept
-            if max(map(len, parts), default=0) > keep:
+            # a frame over COPY_THRESHOLD is a view of libzmq's buffer (sockets.py): it
+            # is cut or copied, so what is kept is bytes (the casts) and frees the buffer
+            big = min(keep, COPY_THRESHOLD)
+            idents = cast("Sequence[_Frame]", frames[:i] if i <= MAX_IDENTITIES else frames[:MAX_IDENTITIES])
+            parts = cast("Sequence[_Frame]", frames[i + 2 : i + 6])  # frames[i + 1] is the signature: not kept
+            if max(map(len, parts), default=0) > big:
                 parts = _cut(frames[i + 2 : i + 6], keep)
-            if idents and max(map(len, idents)) > keep:
+            if idents and max(map(len, idents)) > big:
                 idents = _cut(frames[: min(i, MAX_IDENTITIES)], keep)
             sizes = list(map(len, frames[i + 6 : i + 6 + MAX_SIZES])) if len(frames) > i + 6 else _NO_SIZES
             self._queue.append((time.time(), direction, channel, idents, i, parts, sizes, note))
@@ -547,8 +553,9 @@ class MessageLog:
         return text
 
 
-def _cut(frames: Sequence[bytes], keep: int) -> list[_Frame]:
-    return [f if len(f) <= keep else _Cut(bytes(f[:keep]), len(f)) for f in frames]
+def _cut(frames: Sequence[Received], keep: int) -> list[_Frame]:
+    """Each frame as bytes when within ``keep``, else its head."""
+    return [bytes(f) if len(f) <= keep else _Cut(bytes(f[:keep]), len(f)) for f in frames]
 
 
 def _head(f: _Frame) -> bytes:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from trikernel.core.kernelcore import KernelCore
-    from trikernel.protocol.wire import Message, Signer
+    from trikernel.protocol.wire import Message, Received, Signer
     from trikernel.server.iopubqueue import IOPubQueue
     from trikernel.server.messagelog import MessageLog
     from trikernel.server.sockets import TrioSocket
@@ -69,7 +69,7 @@ class RequestServer:
     def __init__(
         self,
         sockets: dict[str, TrioSocket],
-        parse: Callable[[str, list[bytes]], Message | None],
+        parse: Callable[[str, list[Received]], Message | None],
         signer: Signer,
         queue: IOPubQueue,
         *,
@@ -116,7 +116,7 @@ class RequestServer:
                 if switch is not None:
                     switch.restore()
 
-    async def _hand_over(self, channel: str, frames: list[bytes]) -> None:
+    async def _hand_over(self, channel: str, frames: list[Received]) -> None:
         msg = self._parse(channel, frames)
         del frames
         if msg is None:

@@ -34,11 +34,19 @@ from trikernel.protocol.channels import CHANNELS, REQUEST_CHANNELS, SOCKET_TYPE_
 
 if TYPE_CHECKING:
     from trikernel.protocol.connection import ConnectionInfo
+    from trikernel.protocol.wire import Received
 
 log = logging.getLogger("trikernel.sockets")
 
 #: Seconds between two log lines about undeliverable replies on one socket.
 DROP_LOG_INTERVAL = 5.0
+
+#: Frames up to this size (bytes) are received as ``bytes``; longer ones as
+#: a ``memoryview`` of the buffer libzmq received them into, never copied
+#: (pyzmq's ``copy_threshold``, 64 KiB, on the receiving side): a 64 MiB
+#: + 1 JSON frame the inbound parser drops unparsed is never held twice
+#: (docs/design.md, "Requests").
+COPY_THRESHOLD = 1 << 16
 
 #: pyzmq socket type of each channel (names in channels.py).
 SOCKET_TYPES: dict[str, int] = {c: int(getattr(zmq, t)) for c, t in SOCKET_TYPE_NAMES.items()}
@@ -255,8 +263,13 @@ class TrioSocket:
         self.on_wake: Callable[[], None] | None = None
         self.on_empty_wake: Callable[[], None] | None = None
 
-    async def recv_multipart(self) -> list[bytes]:
-        """Wait for and return the next message's frames (a checkpoint)."""
+    async def recv_multipart(self) -> list[Received]:
+        """Wait for and return the next message's frames (a checkpoint).
+
+        Frames up to :data:`COPY_THRESHOLD` bytes are ``bytes``; a longer
+        one is a ``memoryview`` of libzmq's buffer (no copy), which lives
+        as long as the view does: the caller drops its list to free them.
+        """
         import trio
 
         await trio.lowlevel.checkpoint()
@@ -265,7 +278,7 @@ class TrioSocket:
             scope = trio.CancelScope()
             with self._lock:  # the try and the waiter together: a send_from_thread sees the waiter
                 try:
-                    return self.sock.recv_multipart(zmq.NOBLOCK)
+                    return _received(self.sock.recv_multipart(zmq.NOBLOCK, copy=False))
                 except zmq.Again:
                     pass
                 self._waiter = scope
@@ -281,14 +294,15 @@ class TrioSocket:
                 if self.on_wake is not None:
                     self.on_wake()
 
-    def recv_multipart_nowait(self) -> list[bytes] | None:
-        """The next message's frames if one is queued, else None (no checkpoint).
+    def recv_multipart_nowait(self) -> list[Received] | None:
+        """The next message's frames if one is queued, else None (no
+        checkpoint); frames as :meth:`recv_multipart` returns them.
 
         Any task of the run may call it, also while another task waits in
         :meth:`recv_multipart`: that reader is woken if more is queued."""
         with self._lock:
             try:
-                return self.sock.recv_multipart(zmq.NOBLOCK)
+                return _received(self.sock.recv_multipart(zmq.NOBLOCK, copy=False))
             except zmq.Again:
                 return None
             finally:
@@ -351,3 +365,10 @@ class TrioSocket:
         # reset ZMQ_FD while a message is queued: a waiting reader would sleep
         if self._waiter is not None and int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self._waiter.cancel()
+
+
+def _received(frames: list[zmq.Frame]) -> list[Received]:
+    """Short frames as bytes (``Frame.bytes``: one small copy, and the
+    libzmq message is freed with the Frame), long ones as views of libzmq's
+    buffer (no copy)."""
+    return [f.bytes if len(f) <= COPY_THRESHOLD else f.buffer for f in frames]

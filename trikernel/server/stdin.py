@@ -59,6 +59,7 @@ from trikernel.protocol.wire import Message, serialize
 
 if TYPE_CHECKING:
     from trikernel.protocol.messages import MessageBuilder
+    from trikernel.protocol.wire import Received
     from trikernel.server.inbound import InboundParser
     from trikernel.server.iopubqueue import IOPubQueue
     from trikernel.server.sockets import TrioSocket
@@ -211,7 +212,7 @@ class StdinBridge:
                     content = refusal(refused.msg_type, refused.violations)
                     await self._iopub.put(self._builder.iopub("error", content, refused.header))
 
-    def _on_frames(self, frames: list[bytes]) -> Refused | None:
+    def _on_frames(self, frames: list[Received]) -> Refused | None:
         """An input_reply answers its pending input(); anything else is bad
         input. Returns a message ``--strict`` refused, to be answered."""
         msg = self._parse("stdin", frames)
