@@ -6,7 +6,7 @@ import time
 import uuid
 
 import pytest
-from conftest import TIMEOUT, execute, stdout_of
+from conftest import TIMEOUT, collect_outputs, execute, stdout_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -280,8 +280,6 @@ def test_comm_msg_binary_buffers_reach_the_handler_and_echo_back(kernel):
         "comm.get_comm_manager().register_target('bufs', target)\n"
     )
     execute(kc, setup)
-    from conftest import collect_outputs
-
     comm_id = uuid.uuid4().hex
     open_msg = kc.session.msg("comm_open", {"comm_id": comm_id, "target_name": "bufs", "data": {}})
     kc.shell_channel.send(open_msg)
