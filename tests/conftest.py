@@ -461,6 +461,17 @@ def stdout_of(outputs: list[dict[str, Any]], name: str = "stdout") -> str:
     return "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == name)
 
 
+def message_log_lines(path: str) -> list[dict[str, Any]]:
+    """The whole lines of a ``--message-log`` file, as dicts, oldest first.
+
+    The kernel's writer thread may be mid-write while a test reads: a last
+    line without its newline is still being written and is left out (read
+    again for it), never parsed half-way.
+    """
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
 def which(cmd: str) -> str:
     path = shutil.which(cmd, path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     assert path, f"{cmd} not found"

@@ -25,7 +25,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import TIMEOUT, collect_outputs, execute, make_kernelspec, start_kernel, stdout_of, stop_kernel
+from conftest import (
+    TIMEOUT,
+    collect_outputs,
+    execute,
+    make_kernelspec,
+    message_log_lines,
+    start_kernel,
+    stdout_of,
+    stop_kernel,
+)
 
 from trikernel.launch.config import KernelConfig
 from trikernel.protocol.connection import ConnectionInfo
@@ -40,11 +49,6 @@ pytestmark = pytest.mark.timeout(180)
 
 KEY = "0b9b1b3f-5d0e-4c47-9a6e-3a2f5b7c8d9e"
 CURVE_SECRET = "D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%wOTJ%JR%cs"  # 40 Z85 characters
-
-
-def _lines(path: str) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
 
 
 def _messages(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -87,7 +91,7 @@ def test_a_line_has_the_fields_and_never_the_signature(tmp_path: Any) -> None:
     mlog.record("in", "shell", frames_in)
     mlog.record("out", "shell", frames_out, {"undelivered": True})
     mlog.close()
-    lines = _lines(path)
+    lines = message_log_lines(path)
     assert [rec.get("event") for rec in lines] == ["opened", None, None, "closed"]
     assert lines[0]["strict"] is False
     assert lines[0]["content_bound"] == 4096
@@ -128,7 +132,7 @@ def test_lines_are_the_same_without_orjson(tmp_path: Any, monkeypatch: pytest.Mo
         mlog.record("in", "shell", frames)
         mlog.record("in", "shell", pretty)
         mlog.close()
-        seen.append([{k: v for k, v in rec.items() if k != "time"} for rec in _messages(_lines(path))])
+        seen.append([{k: v for k, v in rec.items() if k != "time"} for rec in _messages(message_log_lines(path))])
     assert seen[0] == seen[1]
     assert seen[0][0]["content"] == request.content
     assert seen[0][1]["content"] == request.content
@@ -147,7 +151,7 @@ def test_odd_frames_are_logged_by_their_sizes(tmp_path: Any) -> None:
     frames = _frames("comm_msg", {"comm_id": "c", "data": {}}, buffers=(b"\0" * 100_000,))
     mlog.record("in", "shell", [bytes([i]) for i in range(20)] + frames)
     mlog.close()
-    nodelim, many = _messages(_lines(path))
+    nodelim, many = _messages(message_log_lines(path))
     assert nodelim["frames"] == [10, 2, 2]
     assert nodelim["identities"] == []
     assert nodelim["dropped"] == "no_delimiter"
@@ -163,7 +167,7 @@ def test_content_past_the_bound_is_cut_and_its_size_kept(tmp_path: Any) -> None:
     frames = _frames("execute_request", big)
     mlog.record("in", "shell", frames)
     mlog.close()
-    (rec,) = _messages(_lines(path))
+    (rec,) = _messages(message_log_lines(path))
     assert "content" not in rec
     assert rec["content_bytes"] == len(frames[-1]) > 5000
     assert rec["content_cut"] == frames[-1][:100].decode()
@@ -181,7 +185,7 @@ def test_key_and_curve_secret_are_redacted(tmp_path: Any) -> None:
     assert KEY not in text
     assert CURVE_SECRET not in text
     assert KEY[:10] not in text
-    whole, cut = _messages(_lines(path))
+    whole, cut = _messages(message_log_lines(path))
     assert json.loads(whole["content"]["text"]) == {"key": REDACTED, "curve_secretkey": REDACTED}
     assert cut["content_cut"].endswith(REDACTED)
 
@@ -225,6 +229,7 @@ def test_a_stuck_writer_never_blocks_the_producer_and_drops_add_up() -> None:
     assert st.dropped_by == {"out iopub": n - 50}
     stuck.release.set()
     mlog.close()
+    assert all(chunk.endswith("\n") for chunk in stuck.chunks)  # each write ends on a line boundary
     lines = [json.loads(line) for chunk in stuck.chunks for line in chunk.splitlines()]
     messages = _messages(lines)
     dropped_events = [rec for rec in lines if rec.get("event") == "dropped"]
@@ -236,6 +241,18 @@ def test_a_stuck_writer_never_blocks_the_producer_and_drops_add_up() -> None:
     assert closed["lines"] == len(messages)
     assert closed["dropped"] == n - 50
     assert len(messages) + closed["dropped"] == n + 1  # every record: a line or counted
+
+
+def test_a_reader_leaves_the_line_still_being_written(tmp_path: Any) -> None:
+    """The docs' reading rule (conformance.md, the message log), as the tests
+    apply it: CI once read an ``input_request`` line cut at ``"password":fal``
+    while the writer thread was in the middle of it."""
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"dir":"in","n":1}\n{"dir":"out","content":{"prompt":"? ","password":fal')
+    assert message_log_lines(str(path)) == [{"dir": "in", "n": 1}]
+    with path.open("a") as f:
+        f.write("se}}\n")
+    assert message_log_lines(str(path))[-1] == {"dir": "out", "content": {"prompt": "? ", "password": False}}
 
 
 class _BrokenFile(_StuckFile):
@@ -313,7 +330,7 @@ def test_one_line_per_message_each_way_and_no_secrets(log_kernel: tuple[Any, Any
     received.append(kc.get_control_msg(timeout=TIMEOUT))
     received += collect_outputs(kc, msg_id)
     stop_kernel(km, kc)
-    lines = _lines(path)
+    lines = message_log_lines(path)
     assert lines[0]["event"] == "opened"
     assert lines[-1]["event"] == "closed"
     assert lines[-1]["dropped"] == 0
@@ -345,7 +362,7 @@ def test_one_line_per_message_each_way_and_no_secrets(log_kernel: tuple[Any, Any
     assert REDACTED in text
 
 
-def test_tail_magic_shows_the_last_lines(log_kernel: tuple[Any, Any, str]) -> None:
+def test_tail_magic_shows_the_lastmessage_log_lines(log_kernel: tuple[Any, Any, str]) -> None:
     _, kc, _ = log_kernel
     first, _ = execute(kc, "x = 1")
     reply, outputs = execute(kc, "%trikernel log 6")
@@ -471,7 +488,7 @@ def test_a_getpass_answer_and_an_escaped_key_are_redacted(tmp_path: Any) -> None
     assert "Ada" in text
     assert json.dumps(odd_key)[1:-1] not in text
     assert json.dumps(odd_key, ensure_ascii=False)[1:-1] not in text
-    replies = [m for m in _messages(_lines(path)) if m["msg_type"] == "input_reply"]
+    replies = [m for m in _messages(message_log_lines(path)) if m["msg_type"] == "input_reply"]
     assert [r["content"]["value"] for r in replies] == [REDACTED, "Ada"]
 
 
@@ -485,7 +502,7 @@ def test_frames_received_as_views_are_logged_as_bytes(tmp_path: Any) -> None:
     for frames in (whole, cut):
         mlog.record("in", "shell", [memoryview(f) if len(f) > 1 << 16 else f for f in frames])
     mlog.close()
-    first, second = _messages(_lines(path))
+    first, second = _messages(message_log_lines(path))
     assert first["content"] == {"code": "x" * (100 << 10)}
     assert "content" not in second
     assert second["content_bytes"] == len(cut[-1])

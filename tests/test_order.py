@@ -22,14 +22,13 @@ issue 26 it was every round.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
 
 import pytest
 import zmq
-from conftest import TIMEOUT, make_kernelspec, start_kernel, stop_kernel
+from conftest import TIMEOUT, make_kernelspec, message_log_lines, start_kernel, stop_kernel
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -134,8 +133,7 @@ class KernelLog:
         once the line ``last`` is written (the writer thread lags a little)."""
         deadline = time.monotonic() + TIMEOUT
         while True:
-            with open(self.path) as f:
-                lines = [json.loads(line) for line in f if msg_id in line]
+            lines = message_log_lines(self.path)
             out = [
                 (d["channel"], d["content"]["execution_state"] if d["msg_type"] == "status" else d["msg_type"])
                 for d in lines

@@ -27,7 +27,16 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import TIMEOUT, collect_outputs, execute, make_kernelspec, start_kernel, stdout_of, stop_kernel
+from conftest import (
+    TIMEOUT,
+    collect_outputs,
+    execute,
+    make_kernelspec,
+    message_log_lines,
+    start_kernel,
+    stdout_of,
+    stop_kernel,
+)
 
 from trikernel.protocol import msgspec, strict
 from trikernel.protocol.messages import MessageBuilder
@@ -487,8 +496,7 @@ def test_the_message_log_says_what_was_refused(strict_kernel: tuple[Any, Any, st
     rows = stdout_of(outputs)
     assert f"id={msg_id}" in rows
     assert "REFUSED: content.code: expected a string, got 1 [messaging § Code completeness]" in rows
-    with open(path, encoding="utf-8") as f:
-        lines = [json.loads(line) for line in f]
+    lines = message_log_lines(path)
     (rec,) = [r for r in lines if r.get("dir") == "in" and r["header"].get("msg_id") == msg_id]
     assert rec["violations"] == ["content.code: expected a string, got 1 [messaging § Code completeness]"]
     assert lines[0]["event"] == "opened"
@@ -531,8 +539,7 @@ def test_the_conformance_suite_passes_on_a_strict_kernel(jupyter_path: str, tmp_
         tolerant = run("trikernel-test-signal", failed)
         also = {row.name for row in tolerant.rows if row.status == "FAIL"}
         assert set(failed) <= also, f"fail only with --strict: {sorted(set(failed) - also)}"
-    with open(path, encoding="utf-8") as f:
-        lines = [json.loads(line) for line in f]
+    lines = message_log_lines(path)
     assert sum(1 for r in lines if r.get("dir") == "in") > 100  # the suite ran against it
     refused = [r for r in lines if r.get("violations")]
     assert refused == []
