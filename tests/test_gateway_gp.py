@@ -583,6 +583,9 @@ def server(tmp_path: Path, gp_specs: str) -> Iterator[tuple[str, str]]:
         p.terminate()
         p.wait(timeout=30)
         log.close()
+        # shown by pytest only when the test failed: the server's side of it (and the kernel's
+        # stderr, which GP's launcher hands to the server's)
+        print("jupyter_server log, the end:\n" + (tmp_path / "server.log").read_text(errors="replace")[-6000:])
 
 
 def _rest(base: str, token: str, path: str, method: str = "GET", body: dict[str, Any] | None = None) -> Any:
@@ -617,14 +620,29 @@ class _WS:
         }))  # fmt: skip
         return msg_id
 
+    def recv(self, deadline: float) -> dict[str, Any]:
+        """The next message, by ``deadline`` (monotonic seconds), else ``{}``.
+        The socket's timeout is what is left: jupyter_server pings every 30 s
+        and a ping restarts a fixed timeout, so without this a test waiting on
+        a message that never comes would hang until pytest-timeout."""
+        import websocket
+
+        self.ws.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            return json.loads(self.ws.recv())  # type: ignore[no-any-return]
+        except websocket.WebSocketTimeoutException:
+            return {}
+
     def run(self, code: str, *, until_stdout: str | None = None) -> dict[str, Any]:
         """Messages of one request: stdout text and the reply content (or stop at ``until_stdout``)."""
         msg_id = self.execute(code)
-        seen: dict[str, Any] = {"stdout": ""}
+        seen: dict[str, Any] = {"stdout": "", "others": []}
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:
-            m = json.loads(self.ws.recv())
+            m = self.recv(deadline)
             if m.get("parent_header", {}).get("msg_id") != msg_id:
+                if m:  # what else came (a restart's status, a nudge's reply), for the failure message
+                    seen["others"].append((m.get("channel"), m["msg_type"], m["content"].get("execution_state")))
                 continue
             if m["msg_type"] == "stream":
                 seen["stdout"] += m["content"]["text"]
@@ -640,8 +658,8 @@ class _WS:
     def reply_of(self, msg_id: str) -> dict[str, Any]:
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:
-            m = json.loads(self.ws.recv())
-            if m["msg_type"] == "execute_reply" and m["parent_header"].get("msg_id") == msg_id:
+            m = self.recv(deadline)
+            if m.get("msg_type") == "execute_reply" and m["parent_header"].get("msg_id") == msg_id:
                 return m["content"]  # type: ignore[no-any-return]
         raise AssertionError("no execute_reply")
 
