@@ -225,7 +225,7 @@ def rig() -> Iterator[Rig]:
     parse = InboundParser(signer, bad_input)
     stdin = StdinBridge(builder, parse)
     shut = threading.Event()
-    requests = RequestServer({c: TrioSocket(bound.sockets[c], c) for c in ("shell", "control")}, parse, signer, queue)
+    requests = RequestServer({c: TrioSocket(bound.sockets[c], c) for c in ("shell", "control")}, parse, queue)
     core = KernelCore(
         CoreDeps(
             builder=builder,

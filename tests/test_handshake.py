@@ -121,7 +121,7 @@ def test_parse_registration_port_int_or_str(port: int | str) -> None:
     assert info.registration_port == 5555
     assert info.dialect is Dialect.J
     assert info.kernel_id == "kid-1"
-    assert info.key == KEY
+    assert info.security.key == KEY
     assert info.registration_url == "tcp://127.0.0.1:5555"
     assert info.bind_ip == "127.0.0.1"
 
@@ -167,7 +167,7 @@ def test_parse_registration_requires_registration_port() -> None:
 def test_parse_registration_curve_keys() -> None:
     pub, sec = zmq.curve_keypair()
     info = parse_registration(reg_file_j(5555, curve_publickey=pub.decode(), curve_secretkey=sec.decode()))
-    assert (info.curve_publickey, info.curve_secretkey) == (pub, sec)
+    assert (info.security.curve_publickey, info.security.curve_secretkey) == (pub, sec)
 
 
 # ---------------------------------------------------------------------------

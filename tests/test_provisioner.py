@@ -307,7 +307,7 @@ MINI_KERNEL = textwrap.dedent(
         json.dump({"ports": ports, "mode": stat.S_IMODE(os.stat(path).st_mode), "path": path,
                    "file": original, "dialect": info.dialect.value}, f)
     try:
-        register(info, ports, Signer(info.key, info.signature_scheme), timeout=1.5)
+        register(info, ports, Signer(info.security.key, info.security.signature_scheme), timeout=1.5)
     except HandshakeError as exc:
         print("mini kernel: handshake failed:", exc, file=sys.stderr, flush=True)
         sys.exit(7)

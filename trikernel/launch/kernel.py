@@ -132,9 +132,7 @@ class Kernel:
         self.requests = RequestServer(
             {name: TrioSocket(bound.sockets[name], name) for name in ("shell", "control")},
             parse,
-            signer,
             self.queue,
-            message_log=message_log,
             switch=SwitchIntervals(config.control_switch_interval),
         )
         self.core = KernelCore(

@@ -41,7 +41,7 @@ from typing import Any
 
 from trikernel.errors import ConfigError, HandshakeError, ProtocolError
 from trikernel.protocol.channels import PORT_FIELDS
-from trikernel.protocol.connection import check_port, check_security
+from trikernel.protocol.connection import Security, check_port, check_security
 from trikernel.protocol.wire import (
     DELIM,
     Message,
@@ -84,11 +84,10 @@ class RegistrationInfo:
     - ``registration_ip`` / ``registration_port`` / ``transport``: the
       launcher's registration socket (``transport`` is always "tcp" today).
     - ``kernel_id``: to echo back (dialect J), ``None`` in dialect P.
-    - ``key``: HMAC key bytes (empty = unsigned); ``signature_scheme`` e.g.
-      "hmac-sha256".
+    - ``security``: the HMAC key and scheme and the CurveZMQ pair, checked
+      as in a connection file (:class:`~trikernel.protocol.connection.Security`;
+      the key may be empty: unsigned).
     - ``bind_ip``: address on which the kernel binds its five channels.
-    - ``curve_publickey`` / ``curve_secretkey``: Z85 bytes, or ``None`` when
-      transport encryption is off.
     """
 
     dialect: Dialect
@@ -96,11 +95,8 @@ class RegistrationInfo:
     registration_port: int
     transport: str
     kernel_id: str | None
-    key: bytes
-    signature_scheme: str
+    security: Security
     bind_ip: str = DEFAULT_BIND_IP
-    curve_publickey: bytes | None = None
-    curve_secretkey: bytes | None = None
 
     @property
     def registration_url(self) -> str:
@@ -111,8 +107,9 @@ class RegistrationInfo:
     def __repr__(self) -> str:  # never print the key
         return (
             f"RegistrationInfo(dialect={self.dialect.value!r}, registration_url={self.registration_url!r}, "
-            f"kernel_id={self.kernel_id!r}, bind_ip={self.bind_ip!r}, signature_scheme={self.signature_scheme!r}, "
-            f"curve={'on' if self.curve_secretkey else 'off'})"
+            f"kernel_id={self.kernel_id!r}, bind_ip={self.bind_ip!r}, "
+            f"signature_scheme={self.security.signature_scheme!r}, "
+            f"curve={'on' if self.security.curve_secretkey else 'off'})"
         )
 
 
@@ -203,19 +200,14 @@ def parse_registration(d: Mapping[str, Any]) -> RegistrationInfo:
     if kernel_id is not None and not isinstance(kernel_id, str):
         raise ConfigError(f"kernel_id: expected a string, got {type(kernel_id).__name__}")
 
-    sec = check_security(d, require_key=False)
-
     return RegistrationInfo(
         dialect=dialect,
         registration_ip=reg_ip,
         registration_port=port,
         transport="tcp",
         kernel_id=kernel_id,
-        key=sec.key,
-        signature_scheme=sec.signature_scheme,
+        security=check_security(d, require_key=False),
         bind_ip=address,
-        curve_publickey=sec.curve_publickey,
-        curve_secretkey=sec.curve_secretkey,
     )
 
 

@@ -56,7 +56,7 @@ def register(
     sock = ctx.socket(zmq.DEALER)
     try:
         sock.setsockopt(zmq.LINGER, 0)
-        if reg.curve_secretkey and reg.curve_publickey:
+        if reg.security.curve_secretkey:
             # The registration socket itself is not encrypted in either dialect;
             # curve keys only apply to the five channels.
             log.debug("curve keys present; registration socket stays plain (JEP 66)")

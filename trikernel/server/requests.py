@@ -41,9 +41,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from trikernel.core.kernelcore import KernelCore
-    from trikernel.protocol.wire import Message, Received, Signer
+    from trikernel.protocol.wire import Message, Received
+    from trikernel.server.inbound import InboundParser
     from trikernel.server.iopubqueue import IOPubQueue
-    from trikernel.server.messagelog import MessageLog
     from trikernel.server.sockets import TrioSocket
     from trikernel.server.switchinterval import SwitchIntervals
 
@@ -55,11 +55,12 @@ class RequestServer:
 
     Args:
         sockets: ``{"shell": TrioSocket, "control": TrioSocket}``.
-        parse: frames → Message, or None for bad input (inbound.py; it
-            counts and logs what it drops).
-        signer: signs every reply.
+        parse: the connection's InboundParser (inbound.py): frames →
+            Message, or None for bad input (it counts and logs what it
+            drops). Replies are signed with its ``signer`` and recorded in
+            its ``message_log`` (``--message-log``, or None), the ones the
+            requests were verified and recorded with, as the stdin bridge does.
         queue: the IOPub queue (status messages of the brackets).
-        message_log: records every reply sent (``--message-log``), or None.
         switch: shortens the thread switch interval while a control request
             is received and answered (switchinterval.py), or None.
 
@@ -69,18 +70,16 @@ class RequestServer:
     def __init__(
         self,
         sockets: dict[str, TrioSocket],
-        parse: Callable[[str, list[Received]], Message | None],
-        signer: Signer,
+        parse: InboundParser,
         queue: IOPubQueue,
         *,
-        message_log: MessageLog | None = None,
         switch: SwitchIntervals | None = None,
     ):
         self._sockets = sockets
         self._parse = parse
-        self._signer = signer
+        self._signer = parse.signer
         self._queue = queue
-        self._message_log = message_log
+        self._message_log = parse.message_log
         self._switch = switch
         self._core: KernelCore | None = None
         self._io_ident: int | None = None
