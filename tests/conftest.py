@@ -312,13 +312,20 @@ def _exit_code(km: Any) -> int | None:
     return proc.poll() if proc is not None else None
 
 
-def _wait_shell_ready(km: Any, kc: BlockingKernelClient, timeout: float) -> None:
+class NoAnswer(RuntimeError):
+    """A live kernel left our kernel_info on shell unanswered past the deadline."""
+
+
+def _wait_shell_ready(km: Any, kc: BlockingKernelClient, timeout: float, *, evidence: bool = True) -> None:
     """Ready as jupyter console decides it: a ``kernel_info_reply`` on shell,
     with no IOPub channel at all. Raises RuntimeError, as wait_for_ready does,
-    naming the exit code when the kernel process is gone."""
+    naming the exit code when the kernel process is gone, and NoAnswer when
+    it runs but did not answer within ``timeout``: with ``evidence``, the
+    message then holds what the kernel still does (:func:`kernel_evidence`)."""
     alive = _alive_of(km)
     msg_id = kc.kernel_info()
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     while time.monotonic() < deadline:
         if not alive():
             raise RuntimeError(f"Kernel died before replying to kernel_info (exit code {_exit_code(km)})")
@@ -328,7 +335,8 @@ def _wait_shell_ready(km: Any, kc: BlockingKernelClient, timeout: float) -> None
             continue
         if r["parent_header"].get("msg_id") == msg_id:
             return
-    raise RuntimeError(f"Kernel didn't respond in {timeout} seconds")
+    what = f"Kernel didn't respond in {timeout:.1f} seconds: kernel_info {msg_id} on shell"
+    raise NoAnswer(what + ("\n" + kernel_evidence(km, kc, msg_id) if evidence else ""))
 
 
 def wait_ready(km: Any, kc: BlockingKernelClient, timeout: float = START_TIMEOUT) -> None:
@@ -345,16 +353,166 @@ def wait_ready(km: Any, kc: BlockingKernelClient, timeout: float = START_TIMEOUT
     kernel_info where an execute_reply was expected); and a client made
     without a KernelManager decides "Kernel died before replying to
     kernel_info" from a heartbeat missed for 1 s, which a starved machine
-    misses (issue 26). Raises RuntimeError as wait_for_ready does."""
+    misses (issue 26). Raises RuntimeError as wait_for_ready does; a missed
+    deadline says which channel missed it, with :func:`kernel_evidence`
+    (a later round's kernel_info cut short by the deadline is IOPub's
+    failure, not shell's: shell answered the first one)."""
     deadline = time.monotonic() + timeout
+    rounds = 0
     while True:
-        _wait_shell_ready(km, kc, max(0.1, deadline - time.monotonic()))
+        try:
+            _wait_shell_ready(km, kc, max(0.1, deadline - time.monotonic()), evidence=rounds == 0)
+        except NoAnswer as exc:
+            if rounds == 0:
+                raise
+            raise RuntimeError(
+                f"IOPub did not connect within {timeout} seconds (shell answered {rounds} kernel_info; "
+                f"the last was cut short by the deadline: {exc})\n" + kernel_evidence(km, kc)
+            ) from None
+        rounds += 1
         try:
             kc.get_iopub_msg(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
             return
         except queue.Empty:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"IOPub did not connect within {timeout} seconds") from None
+                raise RuntimeError(
+                    f"IOPub did not connect within {timeout} seconds (shell answered {rounds} kernel_info)\n"
+                    + kernel_evidence(km, kc)
+                ) from None
+
+
+#: s each probe of kernel_evidence waits for its answer
+PROBE_TIMEOUT = 10.0
+
+
+def kernel_evidence(km: Any, kc: BlockingKernelClient, unanswered: str | None = None) -> str:
+    """What a live kernel that missed a readiness deadline still does, as text
+    for the failure message (CI saw a fresh kernel leave kernel_info on
+    shell unanswered for 60 s once, under load, with nothing in its log):
+
+    - kernel_info on control from this client;
+    - with ``unanswered`` (the msg_id of a kernel_info on shell): a second one
+      on shell from the same client, and which of the two are answered.
+      Both: the first sat unread until new traffic woke the shell reader (a
+      lost ``ZMQ_FD`` wake-up). Neither: the reader, or our connection's
+      route, is stuck;
+    - kernel_info on shell and on control from a fresh client with its own
+      DEALER identity: does the io run serve at all? Answered while ours is
+      not points at our connection (e.g. a reconnect the ROUTER took for a
+      second client of the same identity: ROUTER_HANDOVER is off,
+      docs/design.md "Sockets");
+    - the TCP connections of the kernel and of this process to its ports;
+    - every thread's stack, Python and native (``py-spy dump --native``, where
+      py-spy is installed).
+
+    Takes up to about 5 * PROBE_TIMEOUT; never raises.
+    """
+    lines = []
+
+    def step(name: str, fn: Any) -> None:
+        try:
+            lines.append(f"{name}: {fn()}")
+        except Exception as exc:
+            lines.append(f"{name}: probe failed: {exc!r}")
+
+    pid = _kernel_pid(km, kc)
+    lines.append(f"kernel pid {pid}, exit code {_exit_code(km) if km is not None else '?'}")
+    step("kernel_info on control", lambda: _probe(kc, "control"))
+    if unanswered is not None:
+        step("a second kernel_info on shell", lambda: _probe_shell_again(kc, unanswered))
+    step("kernel_info from a fresh client", lambda: _probe_fresh_client(kc))
+    step("connections", lambda: _connections(pid, kc))
+    step("stacks", lambda: _stacks(pid))
+    return "\n".join(lines)
+
+
+def _kernel_pid(km: Any, kc: BlockingKernelClient) -> int | None:
+    """The kernel's pid: from its KernelManager or Popen, else the process listening on its shell port."""
+    proc = km if hasattr(km, "pid") else getattr(getattr(km, "provisioner", None), "process", None)
+    if proc is not None:
+        return int(proc.pid)
+    import psutil
+
+    for c in psutil.net_connections(kind="tcp"):
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == kc.shell_port:
+            return c.pid
+    return None
+
+
+def _probe(kc: BlockingKernelClient, channel: str) -> str:
+    msg = kc.session.msg("kernel_info_request")
+    getattr(kc, f"{channel}_channel").send(msg)
+    got = _replies_to(getattr(kc, f"{channel}_channel"), {msg["header"]["msg_id"]}, PROBE_TIMEOUT)
+    return "answered" if got else f"no answer in {PROBE_TIMEOUT:g} s"
+
+
+def _replies_to(channel: Any, msg_ids: set[str], timeout: float) -> set[str]:
+    """Which of ``msg_ids`` get a reply on ``channel`` within ``timeout`` (raw, not validated)."""
+    got: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while got != msg_ids and time.monotonic() < deadline:
+        try:
+            r = channel.get_msg(timeout=0.2)
+        except queue.Empty:
+            continue
+        parent = r["parent_header"].get("msg_id")
+        if parent in msg_ids:
+            got.add(parent)
+    return got
+
+
+def _probe_shell_again(kc: BlockingKernelClient, first: str) -> str:
+    msg = kc.session.msg("kernel_info_request")
+    kc.shell_channel.send(msg)
+    second = msg["header"]["msg_id"]
+    got = _replies_to(kc.shell_channel, {first, second}, PROBE_TIMEOUT)
+    said = {True: "answered", False: "unanswered"}
+    return f"the first {said[first in got]}, the second {said[second in got]}"
+
+
+def _probe_fresh_client(kc: BlockingKernelClient) -> str:
+    other = BlockingKernelClient()
+    other.load_connection_info(kc.get_connection_info())  # same key, a new Session: its own identity
+    other.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=True)
+    try:
+        return f"shell {_probe(other, 'shell')}, control {_probe(other, 'control')}"
+    finally:
+        other.stop_channels()
+
+
+def _connections(pid: int | None, kc: BlockingKernelClient) -> str:
+    """Each of the kernel's ports: the kernel's TCP sockets on it and this process's to it."""
+    import psutil
+
+    ports = {getattr(kc, f"{c}_port"): c for c in ("shell", "iopub", "stdin", "control", "hb")}
+
+    def conns(p: psutil.Process) -> list[Any]:
+        get = getattr(p, "net_connections", None) or p.connections
+        return list(get(kind="tcp"))
+
+    out = []
+    for who, proc in (("kernel", psutil.Process(pid) if pid else None), ("client", psutil.Process())):
+        if proc is None:
+            continue
+        for c in conns(proc):
+            port = c.laddr.port if who == "kernel" else (c.raddr.port if c.raddr else None)
+            if port in ports:
+                peer = f"{c.raddr.port}" if c.raddr else "-"
+                out.append(f"{who} {ports[port]} {c.laddr.port}<->{peer} {c.status}")
+    return "; ".join(sorted(out)) or "none"
+
+
+def _stacks(pid: int | None) -> str:
+    """``py-spy dump --native`` of ``pid``: every thread's stack (where py-spy is installed)."""
+    if pid is None:
+        return "no pid"
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(spy):
+        return "py-spy is not installed (pip install py-spy): no stacks"
+    import subprocess
+
+    r = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+    return "\n" + (r.stdout + r.stderr).strip()
 
 
 def start_kernel(

@@ -17,6 +17,9 @@ Covered, for both:
   FD; then a stress with requests, replies and unsolicited sends from a
   second task). And a non-blocking receive by another task while the
   reader waits must not leave the reader asleep over a queued message;
+- the same edge on the iopub task's XPUB (trikernel's IOPubTask only): a
+  send made in the batch after a subscription arrived must not leave the
+  welcomer asleep over it (200 forced races);
 - ordering: messages are read in the order sent;
 - cancellation: a receive cancelled while it waits loses no message, and a
   receive cancelled at its checkpoint while a message is queued leaves the
@@ -36,6 +39,7 @@ from __future__ import annotations
 import importlib.metadata
 import select
 import threading
+import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,6 +48,10 @@ import trio
 import trio.testing
 import zmq
 
+from trikernel.protocol.messages import MessageBuilder
+from trikernel.protocol.wire import Signer
+from trikernel.server.iopubqueue import IOPubQueue, IOPubStats
+from trikernel.server.iopubtask import IOPubTask
 from trikernel.server.sockets import TrioSocket
 
 if TYPE_CHECKING:
@@ -341,6 +349,84 @@ def test_send_from_another_thread_while_reader_waits_loses_no_message(pair: Pair
 
     run(TrioSocketAdapter, pair.router, body)
     assert forced[0] >= RACES // 2, f"only {forced[0]} of {RACES} sends consumed the edge"
+
+
+XPUB_RACES = 200
+
+
+def test_iopub_send_that_consumed_a_subscriptions_edge_still_welcomes_it() -> None:
+    """The same edge on the kernel's other socket that two tasks share: the
+    iopub task's XPUB, where the welcomer waits on ``ZMQ_FD`` for
+    subscriptions (XPUB_VERBOSE) while the run loop sends. XPUB_RACES forced
+    races, each in one batch of the run loop: a subscription arrives (the
+    FD is readable, checked), then the loop sends a message, which
+    processes the XPUB's commands and so resets the FD before the run can
+    wake the welcomer. The subscriber must still get its ``iopub_welcome``
+    (the loop re-checks ``ZMQ_EVENTS`` after its sends:
+    ``IOPubTask._after_sends``); without that re-check every race loses it
+    (measured: 30 of 30), since no other traffic comes to wake the welcomer.
+    inproc: a subscription is in the XPUB's pipe when ``setsockopt`` returns."""
+    ctx = zmq.Context()
+    xpub = ctx.socket(zmq.XPUB)
+    xpub.linger = 0
+    xpub.setsockopt(zmq.XPUB_NODROP, 1)  # as the kernel's defaults (sockopts.DEFAULTS)
+    xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
+    url = f"inproc://test-sockets-xpub-{id(xpub)}"
+    xpub.bind(url)
+    fd = int(xpub.getsockopt(zmq.FD))
+    builder = MessageBuilder()
+    queue = IOPubQueue(1000, 1 << 16, IOPubStats(), Signer(b"key"))
+    task = IOPubTask(xpub, queue, builder, send_timeout=DEADLINE, warn_after=DEADLINE, hold_bytes=0)
+    sub = ctx.socket(zmq.SUB)
+    sub.linger = 0
+    sub.connect(url)
+    arrived: list[bool] = []  # per race: the subscription made the FD readable
+    forced: list[bool] = []  # per race: the send after it left the FD unreadable
+    welcomed: list[int] = []
+
+    def readable(timeout: float = 0.0) -> bool:
+        return bool(select.select([fd], [], [], timeout)[0])
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(task.run)
+            for i in range(XPUB_RACES):
+                topic = b"race-%d" % i
+
+                def subscribe(topic: bytes = topic) -> None:
+                    # an Ordered send: runs in the run loop, inside its batch
+                    sub.setsockopt(zmq.SUBSCRIBE, topic)
+                    arrived.append(readable(DEADLINE))
+                    # past libzmq's command throttle (about 1 ms), so that the
+                    # next send processes the commands and resets the FD
+                    time.sleep(0.002)
+
+                await trio.testing.wait_all_tasks_blocked()  # the welcomer waits on the FD
+                await queue.put(builder.iopub("status", {"execution_state": "busy"}, None))
+                assert queue.put_ordered(subscribe)
+                await queue.put(builder.iopub("status", {"execution_state": "idle"}, None))
+                assert queue.put_ordered(lambda: forced.append(not readable()))
+                with trio.move_on_after(DEADLINE):  # a lost welcome never comes: nothing else wakes the welcomer
+                    while True:
+                        try:
+                            frames = sub.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            await trio.sleep(0.001)
+                            continue
+                        if frames[0] == topic:
+                            welcomed.append(i)
+                            break
+                if welcomed[-1:] != [i]:
+                    break
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        ctx.destroy(linger=0)
+    assert welcomed == list(range(XPUB_RACES)), f"race {len(welcomed)}: no welcome"
+    assert arrived == [True] * XPUB_RACES
+    assert sum(forced) >= XPUB_RACES // 2, f"only {sum(forced)} of {XPUB_RACES} sends consumed the edge"
 
 
 def test_send_from_thread_to_a_peer_that_is_gone_is_counted(pair: Pair) -> None:
