@@ -66,6 +66,7 @@ class FakeTransport:
         self._changed: trio.Event | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._yields = random.Random(17)
+        self._idle: set[Any] = set()  # parents whose idle was sent (done() in O(1): tests wait for hundreds)
 
     def attach(self) -> None:
         """In the io run, before the core serves."""
@@ -74,6 +75,8 @@ class FakeTransport:
 
     def _note(self, sent: Sent) -> None:
         self.log.append(sent)
+        if sent.msg.msg_type == "status" and sent.msg.content["execution_state"] == "idle":
+            self._idle.add(sent.msg.parent_header.get("msg_id"))
         assert self._token is not None
         self._token.run_sync_soon(self._wake)
 
@@ -113,7 +116,7 @@ class FakeTransport:
         return [s for s in self.log if s.msg.parent_header.get("msg_id") == msg_id]
 
     def done(self, msg_id: str) -> bool:
-        return any(s.msg.msg_type == "status" and s.msg.content["execution_state"] == "idle" for s in self.of(msg_id))
+        return msg_id in self._idle
 
     async def changed(self) -> None:
         """Until the core sends something more."""
@@ -713,7 +716,7 @@ def test_concurrent_requests_are_handed_over_in_arrival_order() -> None:
     them (ipykernel keeps that order). Each was bracketed in an io-run task
     of its own that raced the others to the user run: 594 of 2,000 came out
     of order in a real kernel (tests/test_kernel.py has that case)."""
-    n = 100  # (wait_idle's look at the whole log per message sent is quadratic)
+    n = 300
 
     async def script(rig: Rig) -> None:
         msgs = [rig.request("comm_msg", {"comm_id": f"c{i}", "data": {}}) for i in range(n)]
