@@ -262,6 +262,42 @@ def test_comms_both_ways(kernel):
     assert opened["data"] == {"a": 1}
 
 
+def test_comm_messages_reach_on_msg_in_the_order_they_were_sent(kernel):
+    """A frontend's comm messages are handled in the order it sent them (a
+    widget's state updates; ipykernel keeps that order). Found this round:
+    each comm_msg was bracketed in an io-run task of its own and started as
+    a user-run task of its own, and trio starts tasks spawned together in no
+    fixed order: 594 of 2,000 came out of order. The open, the messages, a
+    comm_info and the close, sent as one burst, in that order."""
+    _km, kc = kernel
+    setup = (
+        "import comm\n"
+        "seen = []\n"
+        "def target(c, open_msg):\n"
+        "    seen.append('open')\n"
+        "    c.on_msg(lambda m: seen.append(m['content']['data']['i']))\n"
+        "    c.on_close(lambda m: seen.append('close'))\n"
+        "comm.get_comm_manager().register_target('ordered', target)\n"
+    )
+    execute(kc, setup)
+    n = 2000
+    comm_id = uuid.uuid4().hex
+    kc.shell_channel.send(kc.session.msg("comm_open", {"comm_id": comm_id, "target_name": "ordered", "data": {}}))
+    for i in range(n):
+        kc.shell_channel.send(kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {"i": i}}))
+    info = kc.session.msg("comm_info_request", {"target_name": "ordered"})
+    kc.shell_channel.send(info)
+    close = kc.session.msg("comm_close", {"comm_id": comm_id, "data": {}})
+    kc.shell_channel.send(close)
+    reply = kc.get_shell_msg(timeout=TIMEOUT)  # comm_info is the only request of the burst
+    assert reply["parent_header"]["msg_id"] == info["header"]["msg_id"]
+    assert comm_id in reply["content"]["comms"], "comm_info was answered before the comm_open it followed"
+    collect_outputs(kc, close["header"]["msg_id"])
+    _reply, out = execute(kc, "seen == ['open', *range(2000), 'close'], len(seen), seen[:3], seen[-3:]")
+    result = next(m for m in out if m["msg_type"] == "execute_result")["content"]["data"]["text/plain"]
+    assert result.startswith("(True, 2002"), result
+
+
 def test_comm_msg_binary_buffers_reach_the_handler_and_echo_back(kernel):
     """Binary buffers (ipywidgets' binary state): a short one is received as
     bytes, one over 64 KiB as a view of libzmq's buffer (no copy); the

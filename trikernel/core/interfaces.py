@@ -103,8 +103,10 @@ class UserRunHandle(Protocol):
         KernelShuttingDown when the run is not or no longer running."""
 
     def start_task_soon(self, job: Job) -> None:
-        """Start a concurrent job as a task of the run (any thread). Raises
-        KernelShuttingDown when the run is not running."""
+        """Queue a concurrent job (any thread, non-blocking): the run starts
+        its concurrent jobs in the order they were queued, beside the
+        sequential lane's job (a comm handler runs while a cell awaits).
+        Raises KernelShuttingDown when the run is not running."""
 
     def interrupt(self) -> None:
         """Interrupt the code the run is running (any thread)."""

@@ -110,6 +110,13 @@ class Job:
             finally:
                 self._finish_surely()
 
+    def refuse(self, reason: str) -> None:
+        """Finish the job without running it: its run ended first
+        (:attr:`error` is :class:`~trikernel.errors.KernelShuttingDown`).
+        Runs on: the user run that was to run it."""
+        self.error = KernelShuttingDown(reason)
+        self._finish_surely()
+
     def _finish_surely(self) -> None:
         """:meth:`_finish`, also when an asynchronous interrupt lands in it (a
         concurrent job is interruptible up to here): the io run is always

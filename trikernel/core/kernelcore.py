@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -51,14 +52,31 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trikernel.dispatch")
 
-#: Concurrent-lane jobs in flight at once (all lanes).
+#: Concurrent-lane jobs handed over and not yet answered at once (all lanes).
 CONCURRENT_LIMIT = 64
+#: Shell messages the stop_on_error drain reads ahead at most (KernelCore._drain_shell).
+DRAIN_LIMIT = 256
 #: debug_requests queued for the debug lane (served one at a time, in
 #: arrival order); past it the control reader waits (backpressure).
 DEBUG_BACKLOG = 64
 
 #: The lane the current io-run task serves (None: none; jobs then go to the main shell's run).
 _serving: ContextVar[SequentialLane | None] = ContextVar("trikernel_serving_lane", default=None)
+#: Set once the current concurrent request's job was handed to its user run
+#: (or the request ended without one): its lane's next request may follow.
+_handed_over: ContextVar[trio.Event | None] = ContextVar("trikernel_handed_over", default=None)
+
+
+@dataclass(slots=True)
+class _Parked:
+    """A shell message the stop_on_error drain read ahead: its route, its
+    header date (POSIX seconds) and, for a sequential request, its arrival
+    (``seq`` stamped when it was read)."""
+
+    msg: Message
+    route: Route
+    sent: float | None
+    queued: Queued | None
 
 
 @dataclass
@@ -115,6 +133,12 @@ class KernelCore:
         self._debug_recv: trio.MemoryReceiveChannel[tuple[str, Message, Route]]
         self._debug_send, self._debug_recv = trio.open_memory_channel(DEBUG_BACKLOG)
         self._nursery: trio.Nursery | None = None
+        # the stop_on_error drain's read-ahead (_drain_shell): routed in
+        # order by _serve_parked before the shell reader's next message
+        self._parked: deque[_Parked] = deque()
+        self._parked_served: trio.Event | None = None  # set when _parked is empty again
+        self._shell_routing = False  # receive() is routing a shell message now
+        self._shell_routed: trio.Event | None = None  # set when it is done (_serve_parked waits)
 
     # -- CoreServices ----------------------------------------------------------------
     @property
@@ -181,6 +205,7 @@ class KernelCore:
         lane = SequentialLane.open(run.subshell_id, run, run.ready)
         self.lanes.add(lane)
         self._nursery.start_soon(self._serve_lane, lane)
+        self._nursery.start_soon(self._serve_concurrent, lane)
         return lane
 
     def subshell_ids(self) -> list[str]:
@@ -203,6 +228,7 @@ class KernelCore:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._serve_lane, self.lanes.main)
+            nursery.start_soon(self._serve_concurrent, self.lanes.main)
             nursery.start_soon(self._serve_debug)
             task_status.started()
             await trio.sleep_forever()
@@ -212,14 +238,35 @@ class KernelCore:
         """Route one parsed message read on ``channel`` ("shell"/"control").
 
         Waits (backpressure on the reader) only while the target lane's
-        backlog or the concurrent limit is full, and for io-lane requests,
-        which are answered right here in arrival order.
+        backlog is full, for io-lane requests, which are answered right here
+        in arrival order, and on shell while messages the stop_on_error drain
+        read ahead are still being routed (they were read first).
         """
         assert self._nursery is not None
         if channel == "control" and self._d.on_control is not None:
             self._d.on_control(msg)
         route = REFUSED if isinstance(msg, Refused) else route_of(channel, msg.msg_type)
         sent = self._clock(msg)
+        if channel != "shell":
+            await self._route(channel, msg, route, sent)
+            return
+        if self._parked_served is not None:
+            await self._parked_served.wait()
+        self._shell_routing = True
+        try:
+            await self._route(channel, msg, route, sent)
+        finally:
+            self._shell_routing = False
+            if self._shell_routed is not None:
+                self._shell_routed.set()
+                self._shell_routed = None
+
+    async def _route(
+        self, channel: str, msg: Message, route: Route, sent: float | None, queued: Queued | None = None
+    ) -> None:
+        """Hand ``msg`` to its lane, or answer it here (io lane); ``queued``:
+        its arrival, when the drain stamped it already."""
+        assert self._nursery is not None
         if route.lane is Lane.IO:
             await self.bracket(channel, msg, route.handler)
             return
@@ -229,15 +276,14 @@ class KernelCore:
         lane = self.lanes.of(msg)
         if lane is None:
             await self.bracket(channel, msg, requests.unknown_subshell)
-        elif route.lane is Lane.SEQUENTIAL:
-            try:
-                await lane.send.send(self._arrival(msg, sent))
-            except trio.ClosedResourceError:  # deleted while this waited for room
-                await self.bracket(channel, msg, requests.subshell_deleted)
-        else:
-            borrower = object()
-            await self._limiter.acquire_on_behalf_of(borrower)
-            self._nursery.start_soon(self._limited, self._limiter, channel, msg, route, borrower, lane)
+            return
+        try:
+            if route.lane is Lane.SEQUENTIAL:
+                await lane.send.send(queued if queued is not None else self._arrival(msg, sent))
+            else:
+                await lane.concurrent_send.send(msg)
+        except trio.ClosedResourceError:  # deleted while this waited for room
+            await self.bracket(channel, msg, requests.subshell_deleted)
 
     def _arrival(self, msg: Message, sent: float | None) -> Queued:
         self._shell_seq += 1
@@ -330,22 +376,39 @@ class KernelCore:
         async for channel, msg, route in self._debug_recv:
             await self.bracket(channel, msg, route.handler)
 
-    async def _limited(
-        self,
-        limiter: trio.CapacityLimiter,
-        channel: str,
-        msg: Message,
-        route: Route,
-        borrower: object,
-        lane: SequentialLane | None,
-    ) -> None:
-        """A concurrent request, bracketed in a task of its own."""
-        if lane is not None:
-            _serving.set(lane)
+    async def _serve_concurrent(self, lane: SequentialLane) -> None:
+        """Serve ``lane``'s concurrent requests (comm messages, comm_info) in
+        arrival order: each is bracketed in a task of its own (so one that
+        waits for its user run does not hold up the next one's reply), but
+        the next starts only once this one's job was handed over, and the
+        user run starts its concurrent jobs in the order it got them
+        (``UserRunHandle.start_task_soon``). At most CONCURRENT_LIMIT are
+        under way at once, all lanes together. A deleted subshell's queued
+        requests are answered without running (``subshell_deleted``).
+
+        Cancellation: ends with the core's nursery (shutdown)."""
+        assert self._nursery is not None
+        _serving.set(lane)
+        async for msg in lane.concurrent_recv:
+            route = route_of("shell", msg.msg_type)
+            if lane.deleted:
+                await self.bracket("shell", msg, requests.subshell_deleted)
+                continue
+            borrower = object()
+            await self._limiter.acquire_on_behalf_of(borrower)
+            handed_over = trio.Event()
+            self._nursery.start_soon(self._concurrent, msg, route, borrower, handed_over)
+            await handed_over.wait()
+
+    async def _concurrent(self, msg: Message, route: Route, borrower: object, handed_over: trio.Event) -> None:
+        """One concurrent request, bracketed; ``handed_over`` is set once its
+        job is in the user run's hands (:meth:`run_job`), or at its end."""
+        _handed_over.set(handed_over)
         try:
-            await self.bracket(channel, msg, route.handler)
+            await self.bracket("shell", msg, route.handler)
         finally:
-            limiter.release_on_behalf_of(borrower)
+            handed_over.set()
+            self._limiter.release_on_behalf_of(borrower)
 
     async def run_job(
         self, fn: Callable[[], Awaitable[Any]], *, concurrent: bool = False, context: RequestContext | None = None
@@ -371,6 +434,9 @@ class KernelCore:
         job = Job(fn, context)
         if concurrent:
             lane.user_run.start_task_soon(job)
+            handed_over = _handed_over.get()
+            if handed_over is not None:
+                handed_over.set()  # the lane's next concurrent request may follow (_serve_concurrent)
         else:
             lane.user_run.start_job_soon(job)
         await job.done.wait()
@@ -404,43 +470,50 @@ class KernelCore:
         return reply_left
 
     def _drain_shell(self) -> None:
-        """Move every message already queued on the shell channel into the
-        lanes, without waiting (stops early when any lane's backlog is full).
+        """Read every message already queued on the shell channel, without
+        waiting, and stamp it as arrived (a sequential request gets its
+        ``seq`` now, which the abort window compares): at most DRAIN_LIMIT
+        read ahead at once. They are routed afterwards, in order, by
+        :meth:`_serve_parked`, before the shell reader's next message: a
+        kernel_info on shell is still answered in arrival order, a comm
+        message still waits for its lane's turn, and no task is started per
+        message.
 
-        Cost: one look at every lane, then one per message moved. Nothing
-        else runs during the loop (no checkpoint) and nothing else fills a
-        lane, so only the lane just sent to can become full; checking all of
-        them per message cost lanes x messages without a checkpoint (with
-        the fuzzer's ~2,000 subshells and a shell backlog, control went
-        unanswered for 5-13 s).
+        Cost: one parse per message read; no lane is looked at (the drain
+        once looked at every lane per message: with the fuzzer's ~2,000
+        subshells control went unanswered for 5-13 s).
         """
         assert self._nursery is not None
-        if self.lanes.any_full():
-            return
-        while True:
+        while len(self._parked) < DRAIN_LIMIT:
             msg = self._transport.receive_nowait("shell")
             if isinstance(msg, Empty):
-                return
+                break
             if msg is None:
                 continue
             route = REFUSED if isinstance(msg, Refused) else route_of("shell", msg.msg_type)
             sent = self._clock(msg)
-            lane = self.lanes.of(msg) if route.lane is not Lane.IO else None
-            if route.lane is Lane.IO:
-                self._nursery.start_soon(self.bracket, "shell", msg, route.handler)
-            elif lane is None:
-                self._nursery.start_soon(self.bracket, "shell", msg, requests.unknown_subshell)
-            elif route.lane is Lane.SEQUENTIAL:
-                lane.send.send_nowait(self._arrival(msg, sent))
-                if lane.full:
-                    return
-            else:
-                self._nursery.start_soon(self._concurrent_waiting, msg, route, lane)
+            queued = self._arrival(msg, sent) if route.lane is Lane.SEQUENTIAL else None
+            self._parked.append(_Parked(msg, route, sent, queued))
+        if self._parked and self._parked_served is None:
+            self._parked_served = trio.Event()
+            self._nursery.start_soon(self._serve_parked)
 
-    async def _concurrent_waiting(self, msg: Message, route: Route, lane: SequentialLane) -> None:
-        borrower = object()
-        await self._limiter.acquire_on_behalf_of(borrower)
-        await self._limited(self._limiter, "shell", msg, route, borrower, lane)
+    async def _serve_parked(self) -> None:
+        """Route what the drain read ahead, in order, after the message the
+        shell reader is routing now (read before them); then let the reader
+        go on (``_parked_served``)."""
+        try:
+            if self._shell_routing:
+                self._shell_routed = trio.Event()
+                await self._shell_routed.wait()
+            while self._parked:
+                p = self._parked.popleft()
+                await self._route("shell", p.msg, p.route, p.sent, p.queued)
+        finally:
+            served, self._parked_served = self._parked_served, None
+            self._parked.clear()  # cancelled at shutdown: nothing is left to route
+            if served is not None:
+                served.set()
 
 
 async def _when_set(event: trio.Event) -> None:

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 
 #: Received but not yet started sequential requests, per lane (bounded backlog, messages).
 SHELL_BACKLOG = 256
+#: Received but not yet handed over concurrent requests (comm messages,
+#: comm_info), per lane (bounded backlog, messages); past it the shell
+#: reader waits (backpressure).
+CONCURRENT_BACKLOG = 256
 
 
 @dataclass(slots=True)
@@ -182,11 +186,15 @@ class SequentialLane:
     """One sequential lane of the shell channel: the main shell's
     (``subshell_id`` None) or a subshell's.
 
-    ``send``/``recv``: its backlog (SHELL_BACKLOG); ``user_run``: where its
-    jobs run; ``ready``: set once that run takes jobs; ``abort``: its
-    stop_on_error window (per subshell, as ipykernel); ``current``: the
-    request being served; ``deleted``: delete_subshell_request came — the
-    queued requests are answered without running and the lane ends.
+    ``send``/``recv``: its backlog (SHELL_BACKLOG); ``concurrent_send`` /
+    ``concurrent_recv``: its concurrent requests (comm messages,
+    comm_info), handed to its user run one by one in arrival order
+    (CONCURRENT_BACKLOG), so a widget's messages reach ``on_msg`` in the
+    order the frontend sent them; ``user_run``: where its jobs run;
+    ``ready``: set once that run takes jobs; ``abort``: its stop_on_error
+    window (per subshell, as ipykernel); ``current``: the request being
+    served; ``deleted``: delete_subshell_request came — the queued requests
+    are answered without running and the lane ends.
     """
 
     subshell_id: str | None
@@ -194,6 +202,8 @@ class SequentialLane:
     ready: trio.Event
     send: trio.MemorySendChannel[Queued]
     recv: trio.MemoryReceiveChannel[Queued]
+    concurrent_send: trio.MemorySendChannel[Message]
+    concurrent_recv: trio.MemoryReceiveChannel[Message]
     abort: AbortWindow = field(default_factory=AbortWindow)
     current: Queued | None = None
     deleted: bool = False
@@ -202,17 +212,13 @@ class SequentialLane:
     def open(cls, subshell_id: str | None, user_run: UserRunHandle, ready: trio.Event) -> SequentialLane:
         """A lane with an empty backlog (io run)."""
         send, recv = trio.open_memory_channel[Queued](SHELL_BACKLOG)
-        return cls(subshell_id, user_run, ready, send, recv)
+        concurrent_send, concurrent_recv = trio.open_memory_channel["Message"](CONCURRENT_BACKLOG)
+        return cls(subshell_id, user_run, ready, send, recv, concurrent_send, concurrent_recv)
 
     @property
     def idle(self) -> bool:
         """Nothing served and nothing queued."""
         return self.current is None and self.send.statistics().current_buffer_used == 0
-
-    @property
-    def full(self) -> bool:
-        """The backlog holds SHELL_BACKLOG requests."""
-        return self.send.statistics().current_buffer_used >= SHELL_BACKLOG
 
 
 class Lanes:
@@ -243,18 +249,15 @@ class Lanes:
         self._ids = tuple(self._subshells)
 
     def remove(self, subshell_id: str) -> SequentialLane | None:
-        """Unlist a subshell's lane and mark it deleted (its task ends after
-        its backlog, then stops its run); None if unknown."""
+        """Unlist a subshell's lane and mark it deleted (its tasks end after
+        its backlogs, then its run is stopped); None if unknown."""
         lane = self._subshells.pop(subshell_id, None)
         self._ids = tuple(self._subshells)
         if lane is not None:
             lane.deleted = True
             lane.send.close()
+            lane.concurrent_send.close()
         return lane
-
-    def any_full(self) -> bool:
-        """Some lane's backlog is full."""
-        return self.main.full or any(lane.full for lane in self._subshells.values())
 
     def subshell_ids(self) -> list[str]:
         """The subshells' ids in creation order (any thread: ``%subshell``)."""

@@ -13,15 +13,19 @@ Two lanes come in from the io run (core/kernelcore.py):
   run's main task takes one at a time and awaits it right there, so
   top-level ``await`` in a cell runs in the main task and trio delivers
   KeyboardInterrupt to it;
-- *concurrent* jobs (comm messages from the frontend): each starts as a
-  task in the user nursery, so a widget's ``on_msg`` runs while an async
-  cell awaits.
+- *concurrent* jobs (comm messages from the frontend, comm_info, the
+  debugger's): each runs as a task of its own in the user nursery, so a
+  widget's ``on_msg`` runs while an async cell awaits; one task
+  (:meth:`UserRun._serve_concurrent`) starts them in the order they were
+  handed over, each once the one before has ended, so a widget's messages
+  reach ``on_msg`` in the order the frontend sent them (trio starts tasks
+  spawned together in no fixed order).
 
 Hand-off io run → user run: ``TrioToken.run_sync_soon`` of this run
 (non-blocking, thread-safe). Completion user run → io run: the job's
 ``trio.Event`` set through the io run's token. No run ever blocks on the
-other. The io side bounds jobs in flight (one sequential, a limiter for
-concurrent ones), so the buffer here never overflows.
+other. The io side bounds jobs in flight (one sequential per lane, a
+limiter for concurrent ones), so the buffers here never overflow.
 
 Interrupts (messaging spec "Kernel interrupt"): SIGINT on the main thread,
 whichever interrupt mode is used. trio's handler turns it into
@@ -37,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import signal
 import sys
 import threading
@@ -92,6 +97,7 @@ class UserRun:
         self._concurrent = 0  # concurrent jobs (comm handlers) running now
         self.stopping = False
         self._send: trio.MemorySendChannel[Job | _Stop] | None = None
+        self._concurrent_send: trio.MemorySendChannel[Job] | None = None
         self._trio_sigint: Any = None  # trio's SIGINT handler (wrapped), once the run is up
         #: held while deciding whether a job may be interrupted and raising it
         #: (interrupt), and while a job stops being interruptible
@@ -140,17 +146,27 @@ class UserRun:
             raise KernelShuttingDown("the user run has ended") from None
 
     def start_task_soon(self, job: Job) -> None:
-        """Start a concurrent job as a task of the user nursery (thread-safe).
+        """Queue a concurrent job (thread-safe, non-blocking): it runs as a
+        task of the user nursery, after the concurrent jobs queued before it
+        (:meth:`_serve_concurrent`). A job the run can no longer start is
+        finished with KernelShuttingDown.
 
         Raises KernelShuttingDown when the user run is not running.
         """
-        if self.token is None or self.nursery is None:
+        if self.token is None or self._concurrent_send is None:
             raise KernelShuttingDown("the user run is not running")
-        nursery = self.nursery
         try:
-            self.token.run_sync_soon(nursery.start_soon, self._run_concurrent, job)
+            self.token.run_sync_soon(self._queue_concurrent, self._concurrent_send, job)
         except trio.RunFinishedError:
             raise KernelShuttingDown("the user run has ended") from None
+
+    @staticmethod
+    def _queue_concurrent(send: trio.MemorySendChannel[Job], job: Job) -> None:
+        """(user run, through its token) Queue ``job`` for :meth:`_serve_concurrent`."""
+        try:
+            send.send_nowait(job)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):  # the run is stopping
+            job.refuse("the user run has stopped")
 
     def stop(self) -> None:
         """Ask the user run to cancel the user nursery and return (thread-safe)."""
@@ -246,6 +262,8 @@ class UserRun:
         if self.on_main_thread:
             self._trio_sigint = self._wrap_sigint(signal.getsignal(signal.SIGINT))  # trio.run installed it
         send, recv = trio.open_memory_channel[Job | _Stop](SEQ_BUFFER)
+        # bounded by the io side (core/kernelcore.py CONCURRENT_LIMIT), so never full
+        concurrent_send, concurrent_recv = trio.open_memory_channel[Job](math.inf)
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
@@ -254,6 +272,8 @@ class UserRun:
                 # (its tasks cancelled, their finally blocks run) before the
                 # nursery is cancelled
                 async with aioloop.kernel_loop():
+                    nursery.start_soon(self._serve_concurrent, concurrent_recv, nursery)
+                    self._concurrent_send = concurrent_send
                     if self.on_main_thread:
                         await _protected_setup(setup, nursery)
                     else:
@@ -392,7 +412,32 @@ class UserRun:
             self._delivered = 0
 
     @trio.lowlevel.enable_ki_protection
-    async def _run_concurrent(self, job: Job) -> None:
+    async def _serve_concurrent(self, recv: trio.MemoryReceiveChannel[Job], nursery: trio.Nursery) -> None:
+        """The concurrent jobs, in the order they were queued: each in a task
+        of its own (a fresh copy of this task's context, as any spawned
+        task), the next once it has ended. Their bodies are synchronous
+        handlers, so waiting costs the next one nothing but a task switch.
+
+        Cancellation: at the run's end; jobs still queued then, and any
+        queued later, are finished with KernelShuttingDown (the io run is
+        told, never left waiting).
+        """
+        try:
+            async for job in recv:
+                ended = trio.Event()
+                nursery.start_soon(self._run_concurrent, job, ended)
+                await ended.wait()
+        finally:
+            while True:
+                try:
+                    job = recv.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                job.refuse("the user run stopped before this job ran")
+            recv.close()  # later ones: _queue_concurrent refuses them
+
+    @trio.lowlevel.enable_ki_protection
+    async def _run_concurrent(self, job: Job, ended: trio.Event) -> None:
         """A concurrent job (comm handler) as a task of the user nursery;
         while it runs an interrupt is delivered (it is the code running)."""
         self._concurrent += 1
@@ -406,6 +451,8 @@ class UserRun:
                 _take_late_interrupt()
             except KeyboardInterrupt:
                 log.info("interrupt raised as a comm handler ended: ignored")
+            finally:
+                ended.set()
 
     @property
     def _interruptible(self) -> bool:
