@@ -93,6 +93,44 @@ def test_restart_then_execute(jupyter_path):
         stop_kernel(km, kc)
 
 
+def test_a_client_that_reconnects_with_its_identity_is_served(jupyter_path):
+    """jupyter_client connects shell, control and stdin with the session's id
+    as DEALER identity, so a second ``km.client()`` (same session) and a
+    client that stops and starts its channels come back with the identity of
+    a connection the kernel may still hold (for a half-open one, until TCP
+    keepalive). With ROUTER_HANDOVER off the new connection was never read:
+    the second client's kernel_info went unanswered on shell and control,
+    where ipykernel (handover on, ipykernel#270) answers it. The newest
+    connection of an identity is served, on all three channels."""
+    km, kc = start_kernel()
+    second = None
+    try:
+        second = km.client()  # the KernelManager's session: kc's identity
+        second.start_channels()
+        assert second.session.bsession == kc.session.bsession
+        for channel in ("shell", "control"):
+            msg = second.session.msg("kernel_info_request")
+            getattr(second, f"{channel}_channel").send(msg)
+            reply = getattr(second, f"get_{channel}_msg")(timeout=TIMEOUT)
+            assert reply["parent_header"]["msg_id"] == msg["header"]["msg_id"], channel
+        msg_id = second.execute("input('name? ')", allow_stdin=True)
+        request = second.get_stdin_msg(timeout=TIMEOUT)
+        assert request["msg_type"] == "input_request"
+        second.input("ada")
+        reply = _wait_reply(second, msg_id)
+        assert reply["content"]["status"] == "ok"
+        # the client closes its channels and another one of the session connects
+        second.stop_channels()
+        second = km.client()
+        second.start_channels()
+        msg_id = second.kernel_info()
+        assert _wait_reply(second, msg_id)["msg_type"] == "kernel_info_reply"
+    finally:
+        if second is not None:
+            second.stop_channels()
+        stop_kernel(km, kc)
+
+
 def test_shutdown_request_exits_zero_and_echoes_restart(jupyter_path):
     km, kc = start_kernel("trikernel-test-signal")
     proc = km.provisioner.process

@@ -71,8 +71,9 @@ def test_defaults_match_documented_table() -> None:
     for chan in CHANNELS:
         assert eff(o, chan) == dict(DEFAULTS[chan])
     assert eff(o, "iopub") == {"LINGER": 1000, "MAXMSGSIZE": 1034, "SNDHWM": 10000, "XPUB_NODROP": 1, "XPUB_VERBOSE": 1}
-    for chan in ("shell", "control", "stdin", "hb"):
-        assert eff(o, chan) == {"LINGER": 1000, "ROUTER_HANDOVER": 0}
+    for chan in ("shell", "control", "stdin"):
+        assert eff(o, chan) == {"LINGER": 1000, "ROUTER_HANDOVER": 1}  # as ipykernel
+    assert eff(o, "hb") == {"LINGER": 1000, "ROUTER_HANDOVER": 0}
     assert o.as_argv() == []
     assert o.source_of("iopub", "SNDHWM") == "default"
 

@@ -272,7 +272,7 @@ def test_cli_options_in_effect_per_channel(start_kernel) -> None:  # type: ignor
         if chan != "shell":
             assert eff[chan]["LINGER"] == "1000"
         if chan != "iopub":
-            assert eff[chan]["ROUTER_HANDOVER"] == "0"
+            assert eff[chan]["ROUTER_HANDOVER"] == ("0" if chan == "hb" else "1")
     k.connection_info()  # it really bound and reported
 
 
@@ -304,8 +304,9 @@ def test_defaults_logged_without_options(start_kernel) -> None:  # type: ignore[
         "XPUB_NODROP": "1",
         "XPUB_VERBOSE": "1",
     }
-    for chan in ("shell", "control", "stdin", "hb"):
-        assert eff[chan] == {"LINGER": "1000", "ROUTER_HANDOVER": "0"}
+    for chan in ("shell", "control", "stdin"):
+        assert eff[chan] == {"LINGER": "1000", "ROUTER_HANDOVER": "1"}
+    assert eff["hb"] == {"LINGER": "1000", "ROUTER_HANDOVER": "0"}
 
 
 # --------------------------------------------------------------------------- IOPub HWM through the kernel

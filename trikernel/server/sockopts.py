@@ -226,11 +226,14 @@ CATALOGUE: Final[Mapping[str, OptionSpec]] = {
 #: (docs/socket-options.md, "Defaults and why"):
 #: - LINGER=1000 ms everywhere: shutdown flushes pending replies/outputs for up
 #:   to 1 s but never hangs on a peer that stopped reading (libzmq: -1).
-#: - ROUTER_HANDOVER=0 on ROUTER channels (libzmq's default, stated): every
-#:   client one jupyter_client KernelManager makes shares one session and so
-#:   one DEALER identity; with handover on, a second client's connection takes
-#:   over the first one's route and the first one's requests and replies are
-#:   lost (seen in tests/test_kernel.py).
+#: - ROUTER_HANDOVER=1 on shell, control and stdin (as ipykernel, for
+#:   ipykernel#270 / libzmq#2892): a client that reconnects with its identity
+#:   (jupyter_client's DEALERs use ``session.bsession``: every client one
+#:   KernelManager makes, and one that stops and starts its channels) is
+#:   served at once, instead of never being read while libzmq still holds the
+#:   old connection (a half-open TCP connection: until keepalive, hours).
+#:   The newest connection of an identity wins. hb: 0, libzmq's default (its
+#:   clients are REQ sockets with no identity).
 #: - iopub SNDHWM=10000: finite, so a stalled subscriber costs bounded memory;
 #:   10x libzmq's 1000 so ordinary output bursts fit without stalling.
 #: - iopub XPUB_NODROP=1: a full subscriber makes the send wait (the iopub
@@ -240,7 +243,7 @@ CATALOGUE: Final[Mapping[str, OptionSpec]] = {
 #:   connection before libzmq stores it (subscribers.iopub_maxmsgsize; 1034 for
 #:   the default 1024 bytes, computed from the kernel's --max-topic-bytes by :func:`resolve`).
 DEFAULTS: Final[Mapping[str, Mapping[str, OptionValue]]] = {
-    **{c: {"LINGER": 1000, "ROUTER_HANDOVER": 0} for c in CHANNELS if _TYPE_OF[c] == "ROUTER"},
+    **{c: {"LINGER": 1000, "ROUTER_HANDOVER": int(c != "hb")} for c in CHANNELS if _TYPE_OF[c] == "ROUTER"},
     "iopub": {"LINGER": 1000, "MAXMSGSIZE": 1034, "SNDHWM": 10000, "XPUB_NODROP": 1, "XPUB_VERBOSE": 1},
 }
 
