@@ -634,9 +634,14 @@ class _WS:
             return {}
 
     def run(self, code: str, *, until_stdout: str | None = None) -> dict[str, Any]:
-        """Messages of one request: stdout text and the reply content (or stop at ``until_stdout``)."""
+        """Messages of one request: stdout text and the reply content (or stop at
+        ``until_stdout``), once both the reply and the idle came. jupyter_server
+        relays shell and IOPub from two sockets, so the idle may come first
+        over the websocket although the kernel sent the reply before it (seen
+        under load: the idle was skipped, and the test waited for it in vain)."""
         msg_id = self.execute(code)
         seen: dict[str, Any] = {"stdout": "", "others": []}
+        idle = False
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:
             m = self.recv(deadline)
@@ -651,9 +656,11 @@ class _WS:
                     return seen
             elif m["msg_type"] == "execute_reply":
                 seen["reply"] = m["content"]
-            elif m["msg_type"] == "status" and m["content"]["execution_state"] == "idle" and "reply" in seen:
+            elif m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                idle = True
+            if idle and "reply" in seen:
                 return seen
-        raise AssertionError(f"no reply within {TIMEOUT} s: {seen}")
+        raise AssertionError(f"no reply and idle within {TIMEOUT} s (idle: {idle}): {seen}")
 
     def reply_of(self, msg_id: str) -> dict[str, Any]:
         deadline = time.monotonic() + TIMEOUT
