@@ -398,9 +398,9 @@ def kernel_evidence(km: Any, kc: BlockingKernelClient, unanswered: str | None = 
       route, is stuck;
     - kernel_info on shell and on control from a fresh client with its own
       DEALER identity: does the io run serve at all? Answered while ours is
-      not points at our connection (e.g. a newer connection of the same
-      identity took our route: ROUTER_HANDOVER is on, docs/design.md
-      "Sockets");
+      not points at our connection (e.g. a second connection of our
+      identity: libzmq refuses it for good, ROUTER_HANDOVER is off,
+      docs/design.md "Sockets");
     - the TCP connections of the kernel and of this process to its ports;
     - every thread's stack, Python and native (``py-spy dump --native``, where
       py-spy is installed).

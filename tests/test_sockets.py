@@ -671,10 +671,10 @@ def test_second_client_with_the_same_identity(adapter: AdapterType, pair: Pair, 
     ``identity=session.bsession``). What libzmq's ROUTER then does, the same
     with either adapter (documented in docs/design.md, "Sockets"):
 
-    - ROUTER_HANDOVER off (libzmq's default; trikernel's on hb only):
+    - ROUTER_HANDOVER off (libzmq's and trikernel's default):
       the second client's requests are never read and it gets no reply; the
       first client is served as before.
-    - ROUTER_HANDOVER on (ipykernel's and trikernel's on shell, control, stdin):
+    - ROUTER_HANDOVER on (ipykernel's, on shell, control and stdin):
       the second client takes the route over: its
       requests are read and replies to the shared identity reach it; the
       first client's later requests are never read and it gets no reply.

@@ -70,9 +70,12 @@ def test_defaults_match_documented_table() -> None:
     o = opts()
     for chan in CHANNELS:
         assert eff(o, chan) == dict(DEFAULTS[chan])
-    assert eff(o, "iopub") == {"LINGER": 1000, "MAXMSGSIZE": 1034, "SNDHWM": 10000, "XPUB_NODROP": 1, "XPUB_VERBOSE": 1}
+    pings = {"HEARTBEAT_IVL": 10_000, "HEARTBEAT_TIMEOUT": 60_000}
+    assert eff(o, "iopub") == {
+        "LINGER": 1000, "MAXMSGSIZE": 1034, "SNDHWM": 10000, "XPUB_NODROP": 1, "XPUB_VERBOSE": 1, **pings
+    }  # fmt: skip
     for chan in ("shell", "control", "stdin"):
-        assert eff(o, chan) == {"LINGER": 1000, "ROUTER_HANDOVER": 1}  # as ipykernel
+        assert eff(o, chan) == {"LINGER": 1000, "ROUTER_HANDOVER": 0, **pings}
     assert eff(o, "hb") == {"LINGER": 1000, "ROUTER_HANDOVER": 0}
     assert o.as_argv() == []
     assert o.source_of("iopub", "SNDHWM") == "default"
@@ -97,7 +100,8 @@ def test_socket_options_is_frozen_and_hashable() -> None:
 def test_describe_line_format() -> None:
     o = opts("iopub.SNDHWM=20000")
     assert o.describe("iopub") == (
-        "effective socket options for iopub: LINGER=1000 MAXMSGSIZE=1034 SNDHWM=20000 XPUB_NODROP=1 XPUB_VERBOSE=1"
+        "effective socket options for iopub: HEARTBEAT_IVL=10000 HEARTBEAT_TIMEOUT=60000 LINGER=1000 "
+        "MAXMSGSIZE=1034 SNDHWM=20000 XPUB_NODROP=1 XPUB_VERBOSE=1"
     )
 
 
@@ -583,7 +587,11 @@ def test_defaults_in_effect_on_bound_socket(ctx: zmq.Context[zmq.Socket[bytes]],
     got = read_back(sock, channel, o)
     assert got["LINGER"] == 1000
     if channel == "iopub":
-        assert got == {"LINGER": 1000, "MAXMSGSIZE": 1034, "SNDHWM": 10000}
+        assert got == {
+            "HEARTBEAT_IVL": 10000, "HEARTBEAT_TIMEOUT": 60000, "LINGER": 1000, "MAXMSGSIZE": 1034, "SNDHWM": 10000
+        }  # fmt: skip
+    elif channel != "hb":
+        assert (got["HEARTBEAT_IVL"], got["HEARTBEAT_TIMEOUT"]) == (10000, 60000)
 
 
 def test_bindtodevice_is_set_as_bytes(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
@@ -599,8 +607,8 @@ def test_apply_logs_effective_line(ctx: zmq.Context[zmq.Socket[bytes]], caplog: 
         apply_options(ctx.socket(zmq.XPUB), "iopub", o)
     lines = [r.getMessage() for r in caplog.records]
     assert (
-        "effective socket options for iopub: LINGER=1000 MAXMSGSIZE=1034 SNDHWM=777 XPUB_NODROP=1 XPUB_VERBOSE=1"
-        in lines
+        "effective socket options for iopub: HEARTBEAT_IVL=10000 HEARTBEAT_TIMEOUT=60000 LINGER=1000 "
+        "MAXMSGSIZE=1034 SNDHWM=777 XPUB_NODROP=1 XPUB_VERBOSE=1" in lines
     )
     assert any("SNDHWM<---socket-option" in line for line in lines)
 

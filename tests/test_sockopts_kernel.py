@@ -272,7 +272,9 @@ def test_cli_options_in_effect_per_channel(start_kernel) -> None:  # type: ignor
         if chan != "shell":
             assert eff[chan]["LINGER"] == "1000"
         if chan != "iopub":
-            assert eff[chan]["ROUTER_HANDOVER"] == ("0" if chan == "hb" else "1")
+            assert eff[chan]["ROUTER_HANDOVER"] == "0"
+        if chan != "hb":
+            assert (eff[chan]["HEARTBEAT_IVL"], eff[chan]["HEARTBEAT_TIMEOUT"]) == ("10000", "60000")
     k.connection_info()  # it really bound and reported
 
 
@@ -297,15 +299,17 @@ def test_env_and_config_sources_and_precedence(start_kernel, tmp_path: Path) -> 
 @pytest.mark.timeout(120)
 def test_defaults_logged_without_options(start_kernel) -> None:  # type: ignore[no-untyped-def]
     eff = start_kernel().effective_lines()
+    pings = {"HEARTBEAT_IVL": "10000", "HEARTBEAT_TIMEOUT": "60000"}
     assert eff["iopub"] == {
         "LINGER": "1000",
         "MAXMSGSIZE": "1034",
         "SNDHWM": "10000",
         "XPUB_NODROP": "1",
         "XPUB_VERBOSE": "1",
+        **pings,
     }
     for chan in ("shell", "control", "stdin"):
-        assert eff[chan] == {"LINGER": "1000", "ROUTER_HANDOVER": "1"}
+        assert eff[chan] == {"LINGER": "1000", "ROUTER_HANDOVER": "0", **pings}
     assert eff["hb"] == {"LINGER": "1000", "ROUTER_HANDOVER": "0"}
 
 

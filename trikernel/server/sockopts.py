@@ -226,14 +226,21 @@ CATALOGUE: Final[Mapping[str, OptionSpec]] = {
 #: (docs/socket-options.md, "Defaults and why"):
 #: - LINGER=1000 ms everywhere: shutdown flushes pending replies/outputs for up
 #:   to 1 s but never hangs on a peer that stopped reading (libzmq: -1).
-#: - ROUTER_HANDOVER=1 on shell, control and stdin (as ipykernel, for
-#:   ipykernel#270 / libzmq#2892): a client that reconnects with its identity
-#:   (jupyter_client's DEALERs use ``session.bsession``: every client one
-#:   KernelManager makes, and one that stops and starts its channels) is
-#:   served at once, instead of never being read while libzmq still holds the
-#:   old connection (a half-open TCP connection: until keepalive, hours).
-#:   The newest connection of an identity wins. hb: 0, libzmq's default (its
-#:   clients are REQ sockets with no identity).
+#: - ROUTER_HANDOVER=0 on ROUTER channels (libzmq's default; ipykernel sets 1
+#:   on shell, control and stdin): jupyter_client's DEALERs use
+#:   ``session.bsession`` as identity, so every client one KernelManager makes
+#:   shares it, and ``stop_channels()`` on a client whose shell channel never
+#:   started connects one for a moment. With handover on, such a connection
+#:   takes the live client's route over and what was on the old connection is
+#:   lost (tests/test_kernel.py lost an execute_request that way, 1 run in 4).
+#:   Off, a second connection of a live identity waits, unread, until the first
+#:   one is gone; nothing is lost.
+#: - HEARTBEAT_IVL=10000 ms, HEARTBEAT_TIMEOUT=60000 ms on shell, control,
+#:   stdin and iopub: ZMTP pings find a peer that is gone without closing its
+#:   connection (a network drop, a frozen client) within a minute, not TCP
+#:   keepalive's two hours; its reconnection (same identity) is then served, and
+#:   a dead subscriber stops holding IOPub memory (libzmq#2892, the cause of
+#:   ipykernel#270). A live peer's libzmq answers pings itself, reading or not.
 #: - iopub SNDHWM=10000: finite, so a stalled subscriber costs bounded memory;
 #:   10x libzmq's 1000 so ordinary output bursts fit without stalling.
 #: - iopub XPUB_NODROP=1: a full subscriber makes the send wait (the iopub
@@ -242,9 +249,11 @@ CATALOGUE: Final[Mapping[str, OptionSpec]] = {
 #: - iopub MAXMSGSIZE: a subscription longer than --max-topic-bytes costs its
 #:   connection before libzmq stores it (subscribers.iopub_maxmsgsize; 1034 for
 #:   the default 1024 bytes, computed from the kernel's --max-topic-bytes by :func:`resolve`).
+_PINGS: Final[Mapping[str, OptionValue]] = {"HEARTBEAT_IVL": 10_000, "HEARTBEAT_TIMEOUT": 60_000}
 DEFAULTS: Final[Mapping[str, Mapping[str, OptionValue]]] = {
-    **{c: {"LINGER": 1000, "ROUTER_HANDOVER": int(c != "hb")} for c in CHANNELS if _TYPE_OF[c] == "ROUTER"},
-    "iopub": {"LINGER": 1000, "MAXMSGSIZE": 1034, "SNDHWM": 10000, "XPUB_NODROP": 1, "XPUB_VERBOSE": 1},
+    **{c: {"LINGER": 1000, "ROUTER_HANDOVER": 0, **_PINGS} for c in ("shell", "control", "stdin")},
+    "hb": {"LINGER": 1000, "ROUTER_HANDOVER": 0},
+    "iopub": {"LINGER": 1000, "MAXMSGSIZE": 1034, "SNDHWM": 10000, "XPUB_NODROP": 1, "XPUB_VERBOSE": 1, **_PINGS},
 }
 
 _RESERVED = "is reserved: the kernel sets security options itself (CurveZMQ keys from the connection file)"
