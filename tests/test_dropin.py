@@ -153,3 +153,29 @@ def test_input_without_stdin_says_what_ipykernel_says(jupyter_path: str, tmp_pat
         assert stdout_of(out) == f"{notebook} True\n"
     finally:
         stop_kernel(km, kc)
+
+
+def test_cells_skipped_by_run_all_get_no_prompt_number(own_kernel: tuple[Any, Any]) -> None:
+    """JupyterLab's "Run All" with an error in the first cell: it shows the
+    ``execution_count`` of each ``execute_reply`` as the cell's prompt
+    (``model.executionCount = msg.content.execution_count``), so the
+    skipped cells showed ``[2]:`` as if they had run. Their replies now
+    carry no count (as ipykernel's ``aborted`` reply; its prompt stays
+    empty), while staying the spec's error reply (5.1) that trikernel's own
+    schema and jupyter_kernel_test's accept."""
+    from trikernel.protocol import msgspec
+
+    _km, kc = own_kernel
+    first = kc.execute("import time; time.sleep(0.3); 1/0")
+    skipped = [kc.execute("print('should not run')"), kc.execute("x = 5\nx")]
+    failed = reply_to(kc, first)
+    assert (failed["content"]["status"], failed["content"]["execution_count"]) == ("error", 1)
+    for msg_id in skipped:
+        reply = reply_to(kc, msg_id)  # checked against msgspec_v5 by the ValidatingClient
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "ExecutionAborted"
+        assert "execution_count" not in reply["content"], reply["content"]
+        assert reply["metadata"]["status"] == "aborted"
+        assert msgspec.validate_message(reply, channel="shell", sender="kernel") == []
+    r, _ = execute(kc, "'x' in globals()")
+    assert r["content"]["execution_count"] == 2  # the skipped cells took no count

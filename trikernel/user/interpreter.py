@@ -66,11 +66,6 @@ class Interpreter:
         #: trikernel.nursery; whoever runs set_up starts its host
         self.user_nursery = user_nursery
 
-    @property
-    def execution_count(self) -> int:
-        """The count the next ``execute_request`` will get."""
-        return int(self.shell.execution_count)
-
     async def execute(self, msg: Message) -> dict[str, Any]:
         """Run an ``execute_request``: publishes ``execute_input`` (unless
         ``silent``), runs the cell, returns ``execute_reply`` content."""
