@@ -7,11 +7,13 @@ names them.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import time
 from typing import TYPE_CHECKING, Any
 
-from conftest import TIMEOUT, execute, start_kernel, stdout_of, stop_kernel
+from conftest import TIMEOUT, collect_outputs, execute, start_kernel, stdout_of, stop_kernel
 
 from trikernel.user.cellnames import HASH_SEED, murmur2
 
@@ -38,15 +40,15 @@ def reply_to(kc: Any, msg_id: str, timeout: float = TIMEOUT) -> dict[str, Any]:
             return dict(r)
 
 
-@pytest.mark.parametrize("how", ["pdb.set_trace()", "breakpoint()"])
-def test_an_interrupt_at_a_pdb_prompt_ends_the_cell(own_kernel: tuple[Any, Any], how: str) -> None:
+def test_an_interrupt_at_a_pdb_prompt_ends_the_cell(own_kernel: tuple[Any, Any]) -> None:
     """ipykernel's ``init_pdb``: IPython's InterruptiblePdb quits the debugger
     on an interrupt and the cell runs on to its end, as under ipykernel (its
     reply is ``ok`` there too). Before, stdlib pdb caught the
     KeyboardInterrupt, printed ``--KeyboardInterrupt--`` and prompted again:
-    the cell never ended, nor did the one queued behind it."""
+    the cell never ended, nor did the one queued behind it. (``breakpoint()``
+    does not prompt: test_breakpoint_without_the_debugger_does_nothing.)"""
     km, kc = own_kernel
-    msg_id = kc.execute(f"import pdb\n{how}\nprint('after')", allow_stdin=True)
+    msg_id = kc.execute("import pdb\npdb.set_trace()\nprint('after')", allow_stdin=True)
     queued = kc.execute("3 + 4")
     request = kc.get_stdin_msg(timeout=TIMEOUT)  # the pdb prompt: the cell waits for input
     assert request["msg_type"] == "input_request"
@@ -179,3 +181,34 @@ def test_cells_skipped_by_run_all_get_no_prompt_number(own_kernel: tuple[Any, An
         assert msgspec.validate_message(reply, channel="shell", sender="kernel") == []
     r, _ = execute(kc, "'x' in globals()")
     assert r["content"]["execution_count"] == 2  # the skipped cells took no count
+
+
+@pytest.mark.parametrize("allow_stdin", [False, True])
+def test_breakpoint_without_the_debugger_does_nothing(own_kernel: tuple[Any, Any], allow_stdin: bool) -> None:
+    """ipykernel's ``sys.breakpointhook`` is debugpy's (its kernel imports
+    ``debugpy.server`` at start-up), a no-op while no debugger client is
+    attached: a cell with ``breakpoint()`` runs on, under nbclient and
+    papermill (no stdin) and in JupyterLab with the debugger off alike.
+    Before, without stdin it failed with StdinNotImplementedError; with it,
+    it stopped at a pdb prompt. PYTHONBREAKPOINT is not read, as there."""
+    _km, kc = own_kernel
+    msg_id = kc.execute("breakpoint()\nprint('after')", allow_stdin=allow_stdin)
+    prompts = []
+    deadline = time.monotonic() + TIMEOUT
+    while True:  # the reply, answering a pdb prompt (main before the fix) so the cell ends
+        try:
+            reply = kc.get_shell_msg(timeout=0.05)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        except queue.Empty:
+            pass
+        with contextlib.suppress(queue.Empty):
+            prompts.append(kc.get_stdin_msg(timeout=0.05)["content"]["prompt"])
+            kc.input("c")
+        assert time.monotonic() < deadline, "no reply"
+    assert prompts == []
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert stdout_of(collect_outputs(kc, msg_id)) == "after\n"
+    _r, out = execute(kc, "import sys\nprint(sys.breakpointhook.__name__)")
+    assert stdout_of(out) == "breakpoint_without_debugger\n"
+
