@@ -212,3 +212,29 @@ def test_breakpoint_without_the_debugger_does_nothing(own_kernel: tuple[Any, Any
     _r, out = execute(kc, "import sys\nprint(sys.breakpointhook.__name__)")
     assert stdout_of(out) == "breakpoint_without_debugger\n"
 
+
+def test_banner_engine_info_and_stream_encoding_as_ipykernel(own_kernel: tuple[Any, Any]) -> None:
+    """kernel_info's ``banner`` is IPython's (jupyter console prints it; before,
+    one line of trikernel's), a failed cell's reply carries ipykernel's
+    ``engine_info`` (its ``engine_uuid`` is the metadata's ``engine``), and
+    ``sys.stdout.encoding`` is spelled ``UTF-8`` as ipykernel's OutStream has it."""
+    from IPython.core.usage import default_banner
+
+    _km, kc = own_kernel
+    kc.kernel_info()
+    info = kc.get_shell_msg(timeout=TIMEOUT)
+    assert info["content"]["banner"] == default_banner
+    r, _ = execute(kc, "1/0")
+    assert r["content"]["engine_info"] == {
+        "engine_uuid": r["metadata"]["engine"],
+        "engine_id": -1,
+        "method": "execute",
+    }
+    ok, _ = execute(kc, "1")
+    assert "engine_info" not in ok["content"]
+    r, out = execute(
+        kc,
+        "import sys\nfrom IPython.core.usage import default_banner\n"  # shell.banner adds a random tip
+        "print(sys.stdout.encoding, sys.stderr.encoding, get_ipython().kernel.banner.startswith(default_banner))",
+    )
+    assert stdout_of(out) == "UTF-8 UTF-8 True\n"

@@ -63,7 +63,9 @@ def _succeeded(content: dict[str, Any]) -> bool:
 async def execute(core: CoreServices, ctx: RequestContext) -> Reply:
     """``execute_request`` (spec "Execute"). A failure with ``stop_on_error``
     (and not ``silent``) opens the lane's abort window before its reply
-    leaves, so nothing the client sent after seeing it is aborted."""
+    leaves, so nothing the client sent after seeing it is aborted. A failed
+    cell's reply carries ipykernel's ``engine_info`` (``engine_uuid``: the
+    metadata's ``engine``, ``engine_id`` -1, ``method`` "execute")."""
     msg = ctx.msg
     check_execute_content(msg.content)
     started = utcnow_iso()
@@ -79,6 +81,10 @@ async def execute(core: CoreServices, ctx: RequestContext) -> Reply:
     if ctx.replied:
         return Reply(content, after=after)
     failed = content.get("status") == "error"
+    if failed:
+        # ipykernel's error reply has it (ipkernel.py do_execute: "deprecated piece for
+        # ipyparallel"); its engine_uuid is the metadata's engine, as here
+        content["engine_info"] = {"engine_uuid": engine, "engine_id": -1, "method": "execute"}
     on_sent = None
     if failed and flag(msg.content, "stop_on_error", True) and not flag(msg.content, "silent", False):
         lane = core.serving()
