@@ -93,6 +93,7 @@ FAULTS = {
     "comms-as-list": "comm_info_reply's comms is a list",
     "comm-no-dispatch": "comm_msg never reaches the comm's handler",
     "abort-despite-false": "stop_on_error=False still aborts the queue",
+    "aborted-count": "the replies of aborted cells carry an execution_count",
     "no-shutdown-reply": "shutdown_request is not answered (the process still exits)",
 }
 
@@ -619,7 +620,7 @@ class FaultyKernel:
                     "evalue": "aborted",
                     "traceback": [],
                 }
-                if t == "execute_request":
+                if t == "execute_request" and "aborted-count" in self.faults:
                     content["execution_count"] = self.count
                 self.reply(self.shell, msg, content)
                 self.status("idle", msg["header"])

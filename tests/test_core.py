@@ -213,10 +213,6 @@ class FakeInterpreter:
     comms: list[str] = field(default_factory=list)
     threads: list[int] = field(default_factory=list)
 
-    @property
-    def execution_count(self) -> int:
-        return self.count
-
     async def execute(self, msg: Message) -> dict[str, Any]:
         code = msg.content.get("code", "")
         self.threads.append(threading.get_ident())
@@ -400,7 +396,7 @@ def test_a_handler_that_raises_gets_an_error_reply_and_idle() -> None:
         assert rig.transport.shape(msg.msg_id) == ["busy", "execute_reply", "idle"]
         content = rig.transport.reply_of(msg.msg_id).msg.content
         assert (content["status"], content["ename"]) == ("error", "RuntimeError")
-        assert content["execution_count"] == rig.interp.count
+        assert "execution_count" not in content  # not counted: the prompt stays empty (control.request_error)
         assert rig.bad_input.statistics().by_kind.get("shell.request_failed") == 1
 
     drive(script)
@@ -592,7 +588,7 @@ def test_subshells_are_listed_once_served_on_their_own_run_and_deleted() -> None
         await rig.core.receive("shell", gone)
         await rig.transport.wait_idle(gone.msg_id)
         assert rig.transport.reply_of(gone.msg_id).msg.content["ename"] == "UnknownSubshellError"
-        assert rig.transport.reply_of(gone.msg_id).msg.content["execution_count"] == rig.interp.count
+        assert "execution_count" not in rig.transport.reply_of(gone.msg_id).msg.content  # it never ran
 
     drive(script, subshells=subshells)
 

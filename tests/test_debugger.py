@@ -782,3 +782,32 @@ def test_second_continue_does_not_wedge(fresh: Debug) -> None:
     assert fresh.kc.get_shell_msg(timeout=TIMEOUT)["msg_type"] == "kernel_info_reply"
     assert fresh.run("d3 = d2 + 1")["status"] == "ok"
     assert fresh.ok("debugInfo")["body"]["stoppedThreads"] == []
+
+
+def test_breakpoint_builtin_stops_while_the_debugger_is_on(fresh: Debug) -> None:
+    """``breakpoint()`` as in ipykernel, whose ``sys.breakpointhook`` is
+    debugpy's from start-up: nothing while no client is attached, a stop in
+    the visual debugger while one is, nothing again after disconnect."""
+    assert fresh.run("breakpoint()\nbp_off = 1")["status"] == "ok"
+    fresh.start()
+    code = "bp_a = 2\nbreakpoint()\nbp_b = bp_a + 1\n"
+    path = fresh.ok("dumpCell", {"code": code})["body"]["sourcePath"]
+    msg_id = fresh.kc.execute(code)
+    stopped = fresh.wait_event("stopped")
+    tid = stopped["body"]["threadId"]
+    frames = fresh.frames(tid)
+    top = frames[0]
+    assert (top["source"]["path"], top["name"]) == (path, "<module>"), frames
+    assert top["line"] == 3, top  # the line after the call, as debugpy stops in ipykernel
+    assert not [f for f in frames if f.get("source", {}).get("path", "").startswith(_machinery_dirs())], frames
+    assert fresh.locals_of(top["id"])["bp_a"]["value"] == "2"
+    assert fresh.resume(tid, msg_id)["status"] == "ok"
+    assert fresh.ok("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
+    assert fresh.run("breakpoint()\nbp_after = 1")["status"] == "ok"
+
+
+def test_a_breakpointhook_the_user_set_survives_the_debugger(fresh: Debug) -> None:
+    """debugpy's import installs its hook; one the user set before stays."""
+    assert fresh.run("import sys\ncalls = []\nsys.breakpointhook = lambda *a: calls.append(a)")["status"] == "ok"
+    fresh.start()
+    assert fresh.run("breakpoint(7)\nassert calls == [(7,)], calls")["status"] == "ok"

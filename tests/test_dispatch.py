@@ -331,7 +331,7 @@ def test_a_failing_job_gets_an_error_reply_and_idle_and_the_channel_serves_on(ri
     reply = rig.client.reply("shell", msg_id)
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == ename
-    assert "execution_count" in reply["content"]
+    assert "execution_count" not in reply["content"]  # no count of its own (control.request_error)
     assert states(rig.client.iopub_of(msg_id)) == ["busy", "idle"]
     msg_id = rig.client.send("shell", "execute_request", {"code": "after"})
     assert rig.client.reply("shell", msg_id)["content"]["status"] == "ok"

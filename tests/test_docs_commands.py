@@ -1,4 +1,4 @@
-"""The commands README.md and docs/handshake.md show still work (issue 28).
+"""The commands README.md, docs/handshake.md and docs/compatibility.md show still work (issue 28).
 
 Every inline or fenced code span of the two files that is a command is
 checked against what the code accepts: ``python -m trikernel`` commands
@@ -27,7 +27,7 @@ from trikernel.launch import cli
 from trikernel.launch.gateway import launch_parser
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ("README.md", "docs/handshake.md")
+DOCS = ("README.md", "docs/handshake.md", "docs/compatibility.md")
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
 

@@ -7,11 +7,13 @@ names them.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import time
 from typing import TYPE_CHECKING, Any
 
-from conftest import TIMEOUT, execute, start_kernel, stdout_of, stop_kernel
+from conftest import TIMEOUT, collect_outputs, execute, start_kernel, stdout_of, stop_kernel
 
 from trikernel.user.cellnames import HASH_SEED, murmur2
 
@@ -38,15 +40,15 @@ def reply_to(kc: Any, msg_id: str, timeout: float = TIMEOUT) -> dict[str, Any]:
             return dict(r)
 
 
-@pytest.mark.parametrize("how", ["pdb.set_trace()", "breakpoint()"])
-def test_an_interrupt_at_a_pdb_prompt_ends_the_cell(own_kernel: tuple[Any, Any], how: str) -> None:
+def test_an_interrupt_at_a_pdb_prompt_ends_the_cell(own_kernel: tuple[Any, Any]) -> None:
     """ipykernel's ``init_pdb``: IPython's InterruptiblePdb quits the debugger
     on an interrupt and the cell runs on to its end, as under ipykernel (its
     reply is ``ok`` there too). Before, stdlib pdb caught the
     KeyboardInterrupt, printed ``--KeyboardInterrupt--`` and prompted again:
-    the cell never ended, nor did the one queued behind it."""
+    the cell never ended, nor did the one queued behind it. (``breakpoint()``
+    does not prompt: test_breakpoint_without_the_debugger_does_nothing.)"""
     km, kc = own_kernel
-    msg_id = kc.execute(f"import pdb\n{how}\nprint('after')", allow_stdin=True)
+    msg_id = kc.execute("import pdb\npdb.set_trace()\nprint('after')", allow_stdin=True)
     queued = kc.execute("3 + 4")
     request = kc.get_stdin_msg(timeout=TIMEOUT)  # the pdb prompt: the cell waits for input
     assert request["msg_type"] == "input_request"
@@ -153,3 +155,86 @@ def test_input_without_stdin_says_what_ipykernel_says(jupyter_path: str, tmp_pat
         assert stdout_of(out) == f"{notebook} True\n"
     finally:
         stop_kernel(km, kc)
+
+
+def test_cells_skipped_by_run_all_get_no_prompt_number(own_kernel: tuple[Any, Any]) -> None:
+    """JupyterLab's "Run All" with an error in the first cell: it shows the
+    ``execution_count`` of each ``execute_reply`` as the cell's prompt
+    (``model.executionCount = msg.content.execution_count``), so the
+    skipped cells showed ``[2]:`` as if they had run. Their replies now
+    carry no count (as ipykernel's ``aborted`` reply; its prompt stays
+    empty), while staying the spec's error reply (5.1) that trikernel's own
+    schema and jupyter_kernel_test's accept."""
+    from trikernel.protocol import msgspec
+
+    _km, kc = own_kernel
+    first = kc.execute("import time; time.sleep(0.3); 1/0")
+    skipped = [kc.execute("print('should not run')"), kc.execute("x = 5\nx")]
+    failed = reply_to(kc, first)
+    assert (failed["content"]["status"], failed["content"]["execution_count"]) == ("error", 1)
+    for msg_id in skipped:
+        reply = reply_to(kc, msg_id)  # checked against msgspec_v5 by the ValidatingClient
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "ExecutionAborted"
+        assert "execution_count" not in reply["content"], reply["content"]
+        assert reply["metadata"]["status"] == "aborted"
+        assert msgspec.validate_message(reply, channel="shell", sender="kernel") == []
+    r, _ = execute(kc, "'x' in globals()")
+    assert r["content"]["execution_count"] == 2  # the skipped cells took no count
+
+
+@pytest.mark.parametrize("allow_stdin", [False, True])
+def test_breakpoint_without_the_debugger_does_nothing(own_kernel: tuple[Any, Any], allow_stdin: bool) -> None:
+    """ipykernel's ``sys.breakpointhook`` is debugpy's (its kernel imports
+    ``debugpy.server`` at start-up), a no-op while no debugger client is
+    attached: a cell with ``breakpoint()`` runs on, under nbclient and
+    papermill (no stdin) and in JupyterLab with the debugger off alike.
+    Before, without stdin it failed with StdinNotImplementedError; with it,
+    it stopped at a pdb prompt. PYTHONBREAKPOINT is not read, as there."""
+    _km, kc = own_kernel
+    msg_id = kc.execute("breakpoint()\nprint('after')", allow_stdin=allow_stdin)
+    prompts = []
+    deadline = time.monotonic() + TIMEOUT
+    while True:  # the reply, answering a pdb prompt (main before the fix) so the cell ends
+        try:
+            reply = kc.get_shell_msg(timeout=0.05)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        except queue.Empty:
+            pass
+        with contextlib.suppress(queue.Empty):
+            prompts.append(kc.get_stdin_msg(timeout=0.05)["content"]["prompt"])
+            kc.input("c")
+        assert time.monotonic() < deadline, "no reply"
+    assert prompts == []
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert stdout_of(collect_outputs(kc, msg_id)) == "after\n"
+    _r, out = execute(kc, "import sys\nprint(sys.breakpointhook.__name__)")
+    assert stdout_of(out) == "breakpoint_without_debugger\n"
+
+
+def test_banner_engine_info_and_stream_encoding_as_ipykernel(own_kernel: tuple[Any, Any]) -> None:
+    """kernel_info's ``banner`` is IPython's (jupyter console prints it; before,
+    one line of trikernel's), a failed cell's reply carries ipykernel's
+    ``engine_info`` (its ``engine_uuid`` is the metadata's ``engine``), and
+    ``sys.stdout.encoding`` is spelled ``UTF-8`` as ipykernel's OutStream has it."""
+    from IPython.core.usage import default_banner
+
+    _km, kc = own_kernel
+    kc.kernel_info()
+    info = kc.get_shell_msg(timeout=TIMEOUT)
+    assert info["content"]["banner"] == default_banner
+    r, _ = execute(kc, "1/0")
+    assert r["content"]["engine_info"] == {
+        "engine_uuid": r["metadata"]["engine"],
+        "engine_id": -1,
+        "method": "execute",
+    }
+    ok, _ = execute(kc, "1")
+    assert "engine_info" not in ok["content"]
+    r, out = execute(
+        kc,
+        "import sys\nfrom IPython.core.usage import default_banner\n"  # shell.banner adds a random tip
+        "print(sys.stdout.encoding, sys.stderr.encoding, get_ipython().kernel.banner.startswith(default_banner))",
+    )
+    assert stdout_of(out) == "UTF-8 UTF-8 True\n"

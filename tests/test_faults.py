@@ -745,7 +745,7 @@ def test_execute_content_of_the_wrong_type_is_refused_not_coerced(
     assert r["content"]["status"] == "error", r["content"]
     assert r["content"]["ename"] == "ProtocolError"
     assert field in r["content"]["evalue"]
-    assert "execution_count" in r["content"]
+    assert "execution_count" not in r["content"]  # not run, so not counted: no prompt number
     ok, _out = execute(kc, "1 + 1")  # the kernel serves on
     assert ok["content"]["status"] == "ok"
 

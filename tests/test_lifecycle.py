@@ -487,6 +487,40 @@ def test_install_writes_kernelspec(tmp_path):
     assert spec["interrupt_mode"] == "signal"
 
 
+def _install(*args: str) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_install_as_python3_replaces_ipykernels_spec_until_ipykernel_reinstalls_it(tmp_path):
+    """``--name python3`` overwrites ipykernel's kernel.json in that prefix
+    (and says so); ``python -m ipykernel install`` with the same flag undoes
+    it (docs/compatibility.md). The display name tells it from the
+    ``trikernel`` spec: JupyterLab's launcher showed two identical
+    "Python 3 (trikernel)" cards."""
+    prefix = tmp_path / "prefix"
+    spec_file = prefix / "share/jupyter/kernels/python3/kernel.json"
+    _install("ipykernel", "install", "--prefix", str(prefix))
+    assert "ipykernel_launcher" in json.loads(spec_file.read_text())["argv"]
+    r = _install("trikernel", "install", "--prefix", str(prefix), "--name", "python3")
+    assert "replaced ipykernel's python3 kernelspec" in r.stdout
+    assert "python -m ipykernel install" in r.stdout
+    spec = json.loads(spec_file.read_text())
+    assert spec["argv"][2:4] == ["-m", "trikernel"]
+    assert spec["display_name"] == "Python 3 (trikernel, as python3)"
+    r = _install("trikernel", "install", "--prefix", str(prefix))
+    assert "replaced" not in r.stdout
+    default = json.loads((prefix / "share/jupyter/kernels/trikernel/kernel.json").read_text())
+    assert default["display_name"] == "Python 3 (trikernel)"
+    _install("trikernel", "install", "--prefix", str(prefix), "--name", "tk-y")
+    assert json.loads((prefix / "share/jupyter/kernels/tk-y/kernel.json").read_text())["display_name"] == (
+        "Python 3 (trikernel, as tk-y)"
+    )
+    _install("ipykernel", "install", "--prefix", str(prefix))  # the documented undo
+    assert "ipykernel_launcher" in json.loads(spec_file.read_text())["argv"]
+
+
 def test_pip_installed_kernelspec_is_listed():
     """`pip install .` ships kernel.json as wheel shared data (like ipykernel)."""
     from jupyter_client.kernelspec import KernelSpecManager

@@ -100,3 +100,72 @@ def test_papermill_runs_a_notebook_on_trikernel_installed_as_python3(tmp_path, a
     assert r.returncode == 0, r.stderr[-3000:]
     cells = nbformat.read(out, as_version=4).cells
     assert "".join(o.get("text", "") for o in cells[-1].outputs) == "42 trikernel\n"
+
+
+BACKGROUND_FAILURES = [
+    # the reviewer's cell: an asyncio task's exception nobody retrieved
+    "import asyncio, gc\n"
+    "async def failing():\n"
+    "    raise RuntimeError('task failed')\n"
+    "t = asyncio.create_task(failing())\n"
+    "await asyncio.sleep(0.1)\n"
+    "del t\n"
+    "gc.collect()",
+    # a trikernel.nursery task's exception
+    "import trio\n"
+    "done = trio.Event()\n"
+    "async def boom():\n"
+    "    try:\n"
+    "        raise ValueError('nursery boom')\n"
+    "    finally:\n"
+    "        done.set()\n"
+    "nursery.start_soon(boom)\n"
+    "await done.wait()\n"
+    "await trio.sleep(0)",
+    # a thread's (Python's threading.excepthook)
+    "import threading\n"
+    "def f():\n"
+    "    raise KeyError('thread boom')\n"
+    "th = threading.Thread(target=f)\n"
+    "th.start()\n"
+    "th.join()",
+    "print('the end')",
+]
+
+
+def test_papermill_passes_a_notebook_whose_background_work_fails(tmp_path, as_python3):
+    """A failure in the background (an asyncio task nobody awaited, a
+    trikernel.nursery task, a thread) is not the cell's own: it is stderr
+    text of the cell that started it, as ipykernel writes an asyncio task's
+    (asyncio logs it, logging's last resort writes it to sys.stderr) and
+    Python a thread's. papermill fails a notebook for any ``error`` output,
+    although each cell's reply is ok: the first cell failed this notebook,
+    which passes on ipykernel, when the task's error was an ``error`` output."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in BACKGROUND_FAILURES]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    src, out = str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb")
+    nbformat.write(nb, src)
+    r = subprocess.run(
+        [which("papermill"), src, out, "--no-progress-bar"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=as_python3,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    cells = nbformat.read(out, as_version=4).cells
+    assert [o.output_type for c in cells for o in c.outputs if o.output_type == "error"] == []
+
+    def stderr(cell: nbformat.NotebookNode) -> str:
+        return "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stderr")
+
+    task, nursery_task, thread = (stderr(c) for c in cells[:3])
+    assert task.startswith("Task exception was never retrieved\nfuture: <Task finished"), task
+    assert "Traceback (most recent call last):" in task, task
+    assert "RuntimeError: task failed" in task, task
+    assert nursery_task.startswith("Exception in trikernel.nursery task __main__.boom:\nTraceback"), nursery_task
+    assert "ValueError: nursery boom" in nursery_task, nursery_task
+    assert thread.startswith("Exception in thread"), thread
+    assert "KeyError: 'thread boom'" in thread, thread
+    assert "".join(o.get("text", "") for o in cells[-1].outputs) == "the end\n"

@@ -456,7 +456,7 @@ def test_stream_basics() -> None:
         assert rig.err.name == "<stderr>"
         assert out.writable()
         assert not out.isatty()
-        assert out.encoding == "utf-8"
+        assert out.encoding == "UTF-8"  # as ipykernel spells it
         with pytest.raises(TypeError, match="must be str"):
             out.write(b"bytes")  # type: ignore[arg-type]
         with pytest.raises(io.UnsupportedOperation):

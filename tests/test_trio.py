@@ -469,16 +469,18 @@ def test_background_task_error_is_shown_and_loop_survives(fresh):
         ok(reply_to(kc, cell2))
         out2 = [m for m in seen if parent_id(m) == cell2]
         assert stdout_of(out2) == "cell2 ok\n"
-        assert not [m for m in out2 if m["msg_type"] == "error"], "the background error went to the running cell"
-        if not any(m["msg_type"] == "error" for m in seen):
-            iopub_until(kc, lambda m: m["msg_type"] == "error", seen)
-        errors = [m for m in seen if m["msg_type"] == "error"]
-        assert len(errors) == 1
-        err_msg = errors[0]
-        assert parent_id(err_msg) == cell1
-        assert err_msg["content"]["ename"] == "ValueError"
-        assert err_msg["content"]["evalue"] == "background boom"
-        tb = plain(err_msg["content"]["traceback"])
+        assert "background boom" not in stdout_of(out2, "stderr"), "the background error went to the running cell"
+
+        def reported(msgs: list[dict[str, Any]]) -> bool:
+            return "ValueError: background boom" in stdout_of([m for m in msgs if parent_id(m) == cell1], "stderr")
+
+        if not reported(seen):
+            iopub_until(kc, lambda m: reported(seen), seen)
+        # stderr text of cell 1, not an error output: that would say cell 1 raised
+        # (papermill fails a notebook for any), as ipykernel writes asyncio's
+        assert not [m for m in seen if m["msg_type"] == "error"]
+        tb = stdout_of([m for m in seen if parent_id(m) == cell1], "stderr")
+        assert tb.startswith("Exception in trikernel.nursery task __main__.boom:\nTraceback"), tb
         assert 'raise ValueError("background boom")' in tb, tb
         # the other background task and the kernel keep running
         last = max([t for m in seen for t in ticks_in(m)], default=0)

@@ -306,13 +306,16 @@ QUEUED = 20
 @check(
     "stop_on_error.run_all",
     S["execute_request"] + " (stop_on_error)",
-    f"'Run All' with a failing first cell: none of {QUEUED} queued cells runs; a cell sent after runs",
+    f"'Run All' with a failing first cell: none of {QUEUED} queued cells runs, their replies carry no "
+    "execution_count; a cell sent after runs",
 )
 def stop_on_error_run_all(ctx: Ctx) -> Verdict:
     """Check ``stop_on_error.run_all`` (messaging spec "Execute", ``stop_on_error``): a cell that
     sleeps 0.3 s and raises, with :data:`QUEUED` cells sent behind it at once; PASS when it
-    fails, none of the queued cells runs (their replies say error or aborted) and a cell sent
-    after their replies runs. The figure counts the queued cells that ran."""
+    fails, none of the queued cells runs (their replies say error or aborted, with no
+    ``execution_count``: they got none, and JupyterLab shows a reply's count as the cell's
+    prompt) and a cell sent after their replies runs. The figure counts the queued cells
+    that ran and the replies that carry a count."""
     ch, code = ctx.ch, ctx.code
     name = unique("ran")
     first = ch.execute(code.sleep_then_fail(0.3))
@@ -320,13 +323,15 @@ def stop_on_error_run_all(ctx: Ctx) -> Verdict:
     r0 = ch.reply(first, ctx.t.reply)
     replies = [ch.reply(h, ctx.t.reply) for h in queued]
     statuses = sorted({str(r.content.get("status")) for r in replies})
+    counted = sum("execution_count" in r.content for r in replies if r.content.get("status") != "ok")
     _after, msgs = run_ok(ctx, code.show(name))
     ran = stream_text(msgs).strip()
     fig = (
         f"first cell {r0.content.get('status')}; {ran} of {QUEUED} queued cells ran; "
-        f"their replies: {statuses}; a cell sent after ran"
+        f"their replies: {statuses}, {counted} with an execution_count; a cell sent after ran"
     )
-    return verdict(r0.content.get("status") == "error" and ran == "0" and set(statuses) <= {"error", "aborted"}, fig)
+    ok = r0.content.get("status") == "error" and ran == "0" and set(statuses) <= {"error", "aborted"}
+    return verdict(ok and counted == 0, fig)
 
 
 @check("stop_on_error.only_execute", S["execute_request"] + " (stop_on_error aborts the execution queue)")

@@ -40,23 +40,25 @@ def flag(content: dict[str, Any], name: str, default: bool) -> bool:
     return value if isinstance(value, bool) else bool(value)
 
 
-def error_reply(ename: str, evalue: str, *, execution_count: int | None = None) -> Reply:
-    """An error reply (``status: error``, empty traceback); ``execution_count``
-    is added for an ``execute_reply``."""
-    content: dict[str, Any] = {"status": "error", "ename": ename, "evalue": evalue, "traceback": []}
-    if execution_count is not None:
-        content["execution_count"] = execution_count
-    return Reply(content)
+def error_reply(ename: str, evalue: str) -> Reply:
+    """An error reply (``status: error``, empty traceback; spec "Request-Reply")."""
+    return Reply({"status": "error", "ename": ename, "evalue": evalue, "traceback": []})
 
 
-def request_error(core: CoreServices, msg_type: str, ename: str, evalue: str) -> Reply | None:
+def request_error(msg_type: str, ename: str, evalue: str) -> Reply | None:
     """The error reply to a request that was not run; None for messages
-    without a reply (comm messages). The one place an error reply gets its
-    ``execution_count`` (the interpreter's, 0 before IPython is up)."""
+    without a reply (comm messages).
+
+    An ``execute_reply`` made here has no ``execution_count``: the request
+    got none, and JupyterLab shows the count of the reply as the cell's
+    prompt number (a cell aborted by ``stop_on_error`` showed ``[2]:`` as if
+    it had run). The spec's error reply omits "the usual content of a
+    successful reply" and its ``abort`` form has nothing but ``status``;
+    ipykernel's aborted reply has no count either (docs/compatibility.md,
+    "Frontend conventions")."""
     if not msg_type.endswith("_request"):
         return None
-    count = core.execution_count() if msg_type == "execute_request" else None
-    return error_reply(ename, evalue, execution_count=count)
+    return error_reply(ename, evalue)
 
 
 async def kernel_info(core: CoreServices, ctx: RequestContext) -> Reply:
@@ -144,7 +146,7 @@ async def refused(core: CoreServices, ctx: RequestContext) -> Reply | None:
     violations = msg.violations if isinstance(msg, Refused) else ()
     content = refusal(msg.msg_type, violations)
     if msg.msg_type.endswith("_request"):
-        reply = request_error(core, msg.msg_type, content["ename"], content["evalue"])
+        reply = request_error(msg.msg_type, content["ename"], content["evalue"])
         assert reply is not None
         reply.content["traceback"] = content["traceback"]
         return reply

@@ -161,10 +161,6 @@ class Interpreter(Protocol):
     """The request bodies (user/interpreter.py; xeus's ``*_impl``). Each
     returns the reply content. Runs on: a user run, inside a Job."""
 
-    @property
-    def execution_count(self) -> int:
-        """The count the next ``execute_request`` will get (any thread)."""
-
     async def execute(self, msg: Message) -> dict[str, Any]:
         """``execute_request`` → ``execute_reply`` content."""
 

@@ -173,10 +173,6 @@ class KernelCore:
         """The bound ports, ``{"shell_port": n, ...}``."""
         return dict(self._d.ports)
 
-    def execution_count(self) -> int:
-        """The interpreter's next execution count; 0 before it is up."""
-        return self._interp.execution_count if self._interp is not None else 0
-
     def serving(self) -> SequentialLane | None:
         """The lane the current io-run task serves."""
         return _serving.get()
@@ -341,7 +337,7 @@ class KernelCore:
 
     def _error_reply(self, msg: Message, exc: BaseException) -> Reply | None:
         ename = "KeyboardInterrupt" if isinstance(exc, JobInterrupted) else _ename(exc)
-        return control.request_error(self, msg.msg_type, ename, str(exc))
+        return control.request_error(msg.msg_type, ename, str(exc))
 
     # -- lanes -------------------------------------------------------------------------
     async def _serve_lane(self, lane: SequentialLane) -> None:

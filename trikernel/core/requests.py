@@ -63,7 +63,9 @@ def _succeeded(content: dict[str, Any]) -> bool:
 async def execute(core: CoreServices, ctx: RequestContext) -> Reply:
     """``execute_request`` (spec "Execute"). A failure with ``stop_on_error``
     (and not ``silent``) opens the lane's abort window before its reply
-    leaves, so nothing the client sent after seeing it is aborted."""
+    leaves, so nothing the client sent after seeing it is aborted. A failed
+    cell's reply carries ipykernel's ``engine_info`` (``engine_uuid``: the
+    metadata's ``engine``, ``engine_id`` -1, ``method`` "execute")."""
     msg = ctx.msg
     check_execute_content(msg.content)
     started = utcnow_iso()
@@ -79,6 +81,10 @@ async def execute(core: CoreServices, ctx: RequestContext) -> Reply:
     if ctx.replied:
         return Reply(content, after=after)
     failed = content.get("status") == "error"
+    if failed:
+        # ipykernel's error reply has it (ipkernel.py do_execute: "deprecated piece for
+        # ipyparallel"); its engine_uuid is the metadata's engine, as here
+        content["engine_info"] = {"engine_uuid": engine, "engine_id": -1, "method": "execute"}
     on_sent = None
     if failed and flag(msg.content, "stop_on_error", True) and not flag(msg.content, "silent", False):
         lane = core.serving()
@@ -134,12 +140,16 @@ async def debug(core: CoreServices, ctx: RequestContext) -> Reply:
 async def aborted(core: CoreServices, ctx: RequestContext) -> Reply:
     """An execute_request not run because an earlier one failed (stop_on_error).
 
-    An ``error`` reply with ename ``ExecutionAborted``: the ``aborted`` status
-    is deprecated since spec 5.1, which asks kernels for an error reply; the
-    metadata says ``status: aborted`` as ipykernel's does.
+    An ``error`` reply with ename ``ExecutionAborted`` and no
+    ``execution_count``: the ``aborted`` status is deprecated since spec 5.1,
+    which asks kernels for an error reply; the request got no count, and
+    JupyterLab puts the reply's count on the cell's prompt (with one, the
+    skipped cells of a "Run All" showed ``[2]:`` as if they had run; without,
+    their prompt stays empty, as under ipykernel, whose ``aborted`` reply has
+    no count). The metadata says ``status: aborted`` as ipykernel's does.
     """
     reply = request_error(
-        core, ctx.msg.msg_type, "ExecutionAborted", "not run: an earlier request failed with stop_on_error set"
+        ctx.msg.msg_type, "ExecutionAborted", "not run: an earlier request failed with stop_on_error set"
     )
     assert reply is not None
     metadata = {"status": "aborted", "engine": core.builder.session_id, "dependencies_met": True}
@@ -151,14 +161,14 @@ async def unknown_subshell(core: CoreServices, ctx: RequestContext) -> Reply | N
     an error). Requests get an error reply; every message gets busy/idle."""
     subshell_id = ctx.msg.header.get("subshell_id")
     log.info("%s for unknown subshell %s", ctx.msg.msg_type, short(repr(subshell_id)))
-    return request_error(core, ctx.msg.msg_type, "UnknownSubshellError", f"Unknown subshell_id {subshell_id!r}")
+    return request_error(ctx.msg.msg_type, "UnknownSubshellError", f"Unknown subshell_id {subshell_id!r}")
 
 
 async def subshell_deleted(core: CoreServices, ctx: RequestContext) -> Reply | None:
     """A request queued for a subshell that was deleted before it ran."""
     subshell_id = ctx.msg.header.get("subshell_id")
     return request_error(
-        core, ctx.msg.msg_type, "SubshellDeleted", f"subshell {subshell_id!r} was deleted before this request ran"
+        ctx.msg.msg_type, "SubshellDeleted", f"subshell {subshell_id!r} was deleted before this request ran"
     )
 
 

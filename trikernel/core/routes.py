@@ -82,9 +82,6 @@ class CoreServices(Protocol):
     def ports(self) -> dict[str, int]:
         """The kernel's bound ports, ``{"shell_port": n, ...}`` (five channels)."""
 
-    def execution_count(self) -> int:
-        """The interpreter's next execution count; 0 before IPython is up."""
-
     def serving(self) -> SequentialLane | None:
         """The lane the current io-run task serves (None outside the lanes)."""
 

@@ -135,17 +135,25 @@ def _start_debugpy(shell: InteractiveShell, rearm: Callable[[], None]) -> Endpoi
     Marks the kernel threads not traced, then imports debugpy and listens on
     ``("127.0.0.1", 0)``: the adapter binds the port (none is picked and
     released, ipykernel#988). ``subProcess`` is off: debugpy does not inject
-    itself into the Python processes user code starts. Removes IPython's
+    itself into the Python processes user code starts. ``sys.breakpointhook``
+    becomes debugpy's (its import installs it, as ipykernel's start-up does:
+    ``breakpoint()`` stops while a client is attached), unless user code had
+    set one of its own, which stays. Removes IPython's
     ``leading_empty_lines`` cleanup, so a cell that starts with blank lines
     keeps its line numbers, and registers ``rearm`` to run before every
     cell.
     """
     marked = mark_kernel_threads()
     log.info("debugger: threads not traced: %s", marked)
+    hook = sys.breakpointhook
     import debugpy
 
     debugpy.configure(subProcess=False)
     host, port = debugpy.listen(("127.0.0.1", 0))
+    from trikernel.user.kernelapp import breakpoint_without_debugger
+
+    if hook is not breakpoint_without_debugger:
+        sys.breakpointhook = hook  # one the user set: debugpy's import put its own in
     _keep_leading_lines(shell, True)
     shell.events.register("pre_execute", rearm)
     return Endpoint(str(host), int(port))

@@ -101,7 +101,12 @@ def _install_parser() -> argparse.ArgumentParser:
     where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix (the active env)")
     where.add_argument("--prefix", help="install under this prefix")
     p.add_argument("--name", default="trikernel", help="kernelspec name: letters, digits, . - _ (default %(default)s)")
-    p.add_argument("--display-name", default=None, help="display name")
+    p.add_argument(
+        "--display-name",
+        default=None,
+        help="display name (default: 'Python 3 (trikernel)' for --name trikernel, "
+        "'Python 3 (trikernel, as NAME)' for any other name)",
+    )
     p.add_argument("--interrupt-mode", choices=["signal", "message"], default="signal")
     p.add_argument(
         "--handshake",
@@ -154,7 +159,7 @@ def _install(argv: list[str]) -> int:
                 user=args.user,
                 prefix=prefix,
                 name=name,
-                display_name=args.display_name or kernelspec.DISPLAY_NAME,
+                display_name=args.display_name,
                 extra_argv=options.as_argv(),
                 interrupt_mode=args.interrupt_mode,
                 handshake=args.handshake,
@@ -168,6 +173,13 @@ def _install(argv: list[str]) -> int:
         return fail(f"cannot install into {where}: {exc.strerror or exc}", EXIT_RUNTIME)
     print(f"Installed kernelspec {name} in {dest}")
     print(f"  it runs {sys.executable}: a Jupyter server in another environment can use it as it is")
+    if name == kernelspec.IPYKERNEL_NAME and gateway is None:
+        print(
+            "  it replaced ipykernel's python3 kernelspec there, if there was one: "
+            "`pip uninstall ipykernel` deletes this kernel.json and reinstalling or upgrading ipykernel "
+            "puts ipykernel's back; `pip uninstall trikernel` leaves it naming a missing module. "
+            "To undo it: `python -m ipykernel install` with the same location flag (e.g. --sys-prefix)"
+        )
     if args.handshake:
         print(
             "  --handshake: the spec names the 'trikernel-handshake' provisioner, which jupyter_client "

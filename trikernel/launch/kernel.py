@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import logging
 import os
 import sys
@@ -140,7 +141,9 @@ class Kernel:
                 builder=builder,
                 transport=self.requests,
                 main_run=self.user_run,
-                kernel_info=functools.partial(kernel_info_content, debugger=debugger_available()),
+                kernel_info=functools.partial(
+                    kernel_info_content, debugger=debugger_available(), ipython_version=ipython_version()
+                ),
                 request_shutdown=self.request_shutdown,
                 bad_input=self.bad_input,
                 subshells=self.subshells,
@@ -308,3 +311,24 @@ def _config_error(exc: BaseException) -> ConfigError | None:
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         return _config_error(exc.exceptions[0])
     return None
+
+
+def ipython_version() -> str:
+    """IPython's version for the ``kernel_info_reply`` banner, found without
+    importing IPython (the io run answers kernel_info while the user run
+    imports it): the ``ipython-X.Y.Z.dist-info`` folder beside the package
+    (one listdir); else importlib.metadata's answer; "" if neither knows.
+    Main thread, at start-up."""
+    try:
+        spec = importlib.util.find_spec("IPython")
+        if spec is not None and spec.origin:
+            site = os.path.dirname(os.path.dirname(spec.origin))
+            found = [n for n in os.listdir(site) if n.lower().startswith("ipython-") and n.endswith(".dist-info")]
+            if len(found) == 1:
+                return found[0][len("ipython-") : -len(".dist-info")]
+        from importlib.metadata import version
+
+        return version("ipython")
+    except Exception:
+        log.debug("IPython's version not found", exc_info=True)
+        return ""

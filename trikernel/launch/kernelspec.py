@@ -31,10 +31,21 @@ if TYPE_CHECKING:
 
 KERNEL_NAME = "trikernel"
 DISPLAY_NAME = "Python 3 (trikernel)"
+#: The kernelspec name ipykernel's wheel installs (share/jupyter/kernels/python3).
+IPYKERNEL_NAME = "python3"
 RESOURCES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "resources")
 #: Interpreter options of the kernel's argv: CPython 3.11+ freezes standard
 #: modules, which debugpy cannot set breakpoints in or map back to files.
 PYTHON_FLAGS: tuple[str, ...] = ("-Xfrozen_modules=off",) if sys.implementation.name == "cpython" else ()
+
+
+def default_display_name(name: str) -> str:
+    """The display name of a spec installed as ``name`` without ``--display-name``:
+    :data:`DISPLAY_NAME` for the ``trikernel`` spec (which ``pip install`` ships
+    too); under any other name one that tells the two apart in JupyterLab's
+    launcher, ``Python 3 (trikernel, as NAME)`` (``--name python3`` made two
+    identical "Python 3 (trikernel)" cards)."""
+    return DISPLAY_NAME if name == KERNEL_NAME else f"Python 3 (trikernel, as {name})"
 
 
 def kernel_json(
@@ -68,12 +79,18 @@ def install(
     user: bool = False,
     prefix: str | None = None,
     name: str = KERNEL_NAME,
-    display_name: str = DISPLAY_NAME,
+    display_name: str | None = None,
     extra_argv: Sequence[str] = (),
     interrupt_mode: str = "signal",
     handshake: bool = False,
 ) -> str:
-    """Write the kernelspec through jupyter_client's KernelSpecManager; returns its directory."""
+    """Write the kernelspec through jupyter_client's KernelSpecManager; returns its directory.
+
+    ``display_name`` None: :func:`default_display_name`. A spec of the same
+    ``name`` in that place is replaced: ``--name python3`` overwrites
+    ipykernel's (docs/compatibility.md)."""
+    if display_name is None:
+        display_name = default_display_name(name)
     from jupyter_client.kernelspec import KernelSpecManager
 
     with tempfile.TemporaryDirectory() as td:

@@ -99,8 +99,21 @@ def language_info() -> dict[str, Any]:
     }
 
 
+def ipython_banner(ipython_version: str) -> str:
+    """IPython's default banner (``IPython.core.usage.default_banner``, the
+    ``banner`` of ipykernel's ``kernel_info_reply``) for this Python and
+    ``ipython_version``, built without importing IPython: three lines, each
+    ending in a newline. ipykernel's (``shell.banner``) may add a profile
+    line, ``banner2`` and a random "Tip:" line; this one does not."""
+    return (
+        f"Python {sys.version.splitlines()[0]}\n"
+        "Type 'copyright', 'credits' or 'license' for more information\n"
+        f"IPython {ipython_version} -- An enhanced Interactive Python. Type '?' for help.\n"
+    )
+
+
 @functools.cache
-def _static_kernel_info(debugger: bool) -> dict[str, Any]:
+def _static_kernel_info(debugger: bool, ipython_version: str) -> dict[str, Any]:
     from trikernel import __version__
 
     return {
@@ -109,7 +122,7 @@ def _static_kernel_info(debugger: bool) -> dict[str, Any]:
         "implementation": IMPLEMENTATION,
         "implementation_version": __version__,
         "language_info": language_info(),
-        "banner": f"trikernel {__version__}: IPython on trio, Python {sys.version.split()[0]}",
+        "banner": ipython_banner(ipython_version),
         "help_links": [
             {"text": "Python Reference", "url": "https://docs.python.org/3/"},
             {"text": "IPython Reference", "url": "https://ipython.readthedocs.io/"},
@@ -121,7 +134,7 @@ def _static_kernel_info(debugger: bool) -> dict[str, Any]:
     }
 
 
-def kernel_info_content(*, debugger: bool = False) -> dict[str, Any]:
+def kernel_info_content(*, debugger: bool = False, ipython_version: str = "") -> dict[str, Any]:
     """``kernel_info_reply`` content (spec "Kernel info"; JEP 92's
     ``supported_features``).
 
@@ -129,9 +142,12 @@ def kernel_info_content(*, debugger: bool = False) -> dict[str, Any]:
         debugger: the kernel offers the debugger (debugpy can be imported:
             ``trikernel.debug.debugger.available()``, which the caller asks,
             since this module is pure).
+        ipython_version: for the ``banner``, IPython's default one as
+            ipykernel gives (:func:`ipython_banner`); the caller finds it
+            (launch/kernel.py ``ipython_version``).
 
     Returns:
         A fresh dict each time (callers may mutate it). Static: it needs no
         IPython, so the io thread answers it while IPython is still loading.
     """
-    return copy.deepcopy(_static_kernel_info(debugger))
+    return copy.deepcopy(_static_kernel_info(debugger, ipython_version))

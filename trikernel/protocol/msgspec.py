@@ -26,7 +26,9 @@ What is checked:
 - reply statuses (spec "Request-Reply"): ``ok`` with the full content,
   ``error`` with ``ename``/``evalue``/``traceback``, ``aborted`` reported as
   deprecated (``Violation.deprecated``) since 5.1; ``execute_reply`` carries
-  ``execution_count`` whatever its status;
+  an integer ``execution_count`` when ``ok``, and when ``error`` it may
+  leave it out (a request that never ran, such as one aborted by
+  ``stop_on_error``, has no count; see :func:`_reply_status`);
 - rules a schema cannot say: ``is_complete_reply.indent`` when incomplete,
   ``update_display_data.transient.display_id``, the shape of history entries,
   ``cursor_start <= cursor_end``;
@@ -482,13 +484,22 @@ def validate_content(msg_type: str, content: Any) -> list[Violation]:
 
 
 def _reply_status(msg_type: str, content: Mapping[str, Any], section: str) -> list[Violation]:
+    """The status rules of spec "Request-Reply" and "Execution results".
+
+    ``execute_reply.execution_count`` is an integer when ``ok`` (the
+    schema requires it) and, when present, when ``error``. An error reply
+    may leave it out: the spec's error reply omits "the usual content of a
+    successful reply", its deprecated ``abort`` form has no field but
+    ``status``, and msgspec_v5's error-reply schema has no count. A kernel
+    must leave it out for a request that never ran, since JupyterLab
+    shows the reply's count as the cell's prompt number (docs/compatibility.md).
+    """
     status = content.get("status")
     out: list[Violation] = []
-    if msg_type == "execute_reply" and not (
-        isinstance(content.get("execution_count"), int) and not isinstance(content.get("execution_count"), bool)
-    ):
-        got = "missing" if "execution_count" not in content else _short(content["execution_count"])
-        out.append(Violation("content.execution_count", "an integer, whatever the status", got, SEC_REQUEST_REPLY))
+    count = content.get("execution_count")
+    if msg_type == "execute_reply" and status == "error" and "execution_count" in content and not _is_int(count):
+        got = _short(count)
+        out.append(Violation("content.execution_count", "an integer, when present", got, SEC_REQUEST_REPLY))
     if status == "ok":
         out.extend(_schema_violations(msg_type, content, "content", section))
     elif status == "error":

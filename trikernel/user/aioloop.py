@@ -28,11 +28,11 @@ The loop is trio-asyncio's, with a kernel's overrides (:func:`_harden`):
   does) hop to the loop's thread, as ``call_soon_threadsafe`` does: asyncio
   leaves such calls undefined, and on this loop they reached trio's run from
   a foreign thread and ended the user run with ``TrioInternalError``;
-- the exception handler shows an error in the cell that created the task
-  (:func:`_handler`; trio-asyncio's re-raises into the loop's nursery and so
-  ends the loop), at the time asyncio reports it: "Task exception was never
-  retrieved" when the failed Task is collected, at once for a task nobody
-  holds;
+- the exception handler writes an error to stderr in the cell that created
+  the task, as ipykernel does (:func:`_handler`; trio-asyncio's re-raises
+  into the loop's nursery and so ends the loop), at the time asyncio
+  reports it: "Task exception was never retrieved" when the failed Task is
+  collected, at once for a task nobody holds;
 - its driver (``_main_loop``) is KI-protected: a SIGINT that lands in an
   asyncio callback goes to the cell instead of killing the loop;
 - callbacks run in batches, as asyncio's ``_run_once`` runs its ready queue
@@ -520,8 +520,11 @@ def _safe_repr(value: object) -> str:
 
 
 def _show_in_cell(context: dict[str, Any]) -> bool:
-    """Show the handler's ``context`` as output of the cell it belongs to; False when
-    it belongs to none known (no shell yet, a stock task, a bare future: logged)."""
+    """Show the handler's ``context`` as stderr text of the cell it belongs to (the
+    creating cell: asyncio's message, then the traceback, as ipykernel shows it), never
+    as an ``error`` output, which says that cell raised (tracebacks.show_on_stderr);
+    False when it belongs to none known (no shell yet, a stock task, a bare future:
+    logged)."""
     from IPython import get_ipython
 
     from trikernel.user import tracebacks  # IPython's: loaded once the user side is
@@ -534,12 +537,10 @@ def _show_in_cell(context: dict[str, Any]) -> bool:
     try:
         exc = context.get("exception")
         if exc is None:
-            print(_header(context), file=sys.stderr)
+            print(_header(context), file=sys.stderr, flush=True)
             return True
-        etype = type(exc)
-        stb = tracebacks.structured(shell.InteractiveTB, etype, exc, exc.__traceback__)
-        content = {"traceback": [_header(context), *stb], "ename": etype.__name__, "evalue": tracebacks.safe_str(exc)}
-        shell.publisher.send("error", content)
+        hide = bool(getattr(shell.InteractiveTB, "skip_hidden", True))
+        tracebacks.show_on_stderr(_header(context), exc, exc.__traceback__, hide=hide)
         return True
     finally:
         current_request.reset(token)

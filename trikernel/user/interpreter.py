@@ -66,11 +66,6 @@ class Interpreter:
         #: trikernel.nursery; whoever runs set_up starts its host
         self.user_nursery = user_nursery
 
-    @property
-    def execution_count(self) -> int:
-        """The count the next ``execute_request`` will get."""
-        return int(self.shell.execution_count)
-
     async def execute(self, msg: Message) -> dict[str, Any]:
         """Run an ``execute_request``: publishes ``execute_input`` (unless
         ``silent``), runs the cell, returns ``execute_reply`` content."""
@@ -198,7 +193,7 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> Interpreter:
     from traitlets.traitlets import TraitError
 
     import trikernel
-    from trikernel.user import comms, facade, kernelapp, magics
+    from trikernel.user import comms, facade, kernelapp, magics, tracebacks
     from trikernel.user import shell as shell_mod
     from trikernel.user.kernelhandle import KernelHandle
     from trikernel.user.usernursery import UserNursery
@@ -226,7 +221,11 @@ def set_up(nursery: trio.Nursery, deps: UserSideDeps) -> Interpreter:
     shell.kernel = KernelHandle(deps.parents, publisher, comm_manager=comm_manager, shell=shell)
     facade.install()  # import ipykernel gives trikernel's answers in this process (user/ipykernel_facade)
 
-    un = UserNursery(nursery, shell.showtraceback)
+    def report(header: str, exc: BaseException, tb: Any) -> None:
+        hide = bool(getattr(shell.InteractiveTB, "skip_hidden", True))  # %xmode --show shows them
+        tracebacks.show_on_stderr(header, exc, tb, hide=hide)
+
+    un = UserNursery(nursery, report)
     trikernel.nursery = un
     for name, value in (("nursery", un), ("trio", trio)):
         shell.user_ns[name] = value

@@ -30,7 +30,9 @@ imported anyway; never before the sockets are bound.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.application import BaseIPythonApplication, base_aliases, base_flags
@@ -123,7 +125,8 @@ class IPKernelApp(BaseIPythonApplication, InteractiveShellApp):
 
     def start_shell(self, shell: TrikernelShell) -> None:
         """InteractiveShellApp's start-up on ``shell``, in ipykernel's order
-        (ipykernel/kernelapp.py ``initialize``): :func:`init_pdb`, ``init_path``
+        (ipykernel/kernelapp.py ``initialize``): :func:`init_pdb`,
+        :func:`init_breakpointhook` (ipykernel's kernel sets it in ``init_kernel``), ``init_path``
         (``''`` before the first site-packages entry, unless ``--ignore-cwd``
         or ``python -P``), ``init_gui_pylab`` (a failure goes to the kernel's
         stderr, as in ipykernel), ``init_extensions``, ``init_code``. Output
@@ -133,6 +136,7 @@ class IPKernelApp(BaseIPythonApplication, InteractiveShellApp):
         self.shell = shell
         shell.configurables.append(self)  # type: ignore[arg-type]  # typed by its first item, the shell
         init_pdb()
+        init_breakpointhook()
         self.init_path()
         self._init_gui_pylab_to_stderr(shell)
         self.init_extensions()
@@ -188,3 +192,41 @@ def init_pdb() -> None:
         debugger.Pdb = debugger.InterruptiblePdb  # type: ignore[misc]
         pdb.Pdb = debugger.Pdb  # type: ignore[misc,assignment]
         pdb.set_trace = debugger.set_trace
+
+
+def init_breakpointhook() -> None:
+    """``sys.breakpointhook`` as ipykernel has it: ``breakpoint()`` stops in
+    the visual debugger when a debugger client is attached, and does nothing
+    otherwise (no pdb prompt, no ``StdinNotImplementedError`` under nbclient
+    or papermill). Main thread, at start-up, before the profile's start-up
+    code (which may set its own).
+
+    In ipykernel, ``IPythonKernel.__init__`` (ipkernel.py) imports
+    ipykernel/debugger.py, whose ``from debugpy.server import api`` imports
+    ``debugpy._vendored.force_pydevd``; that runs
+    ``pydevd.install_breakpointhook(debugpy_breakpointhook)``, so
+    ``sys.breakpointhook`` is debugpy's from start-up on. It calls
+    ``debugpy.breakpoint()`` (debugpy/server/api.py), which returns at once
+    ("breakpoint() ignored - debugger not attached") unless a client is
+    connected, and otherwise suspends the caller's frame. Without debugpy
+    ipykernel leaves Python's hook (pdb). ``PYTHONBREAKPOINT`` is not read
+    (only Python's own hook reads it), there as here.
+
+    trikernel imports debugpy only when the debugger is first turned on
+    (docs/debugger.md), so until then :func:`breakpoint_without_debugger`
+    stands in: no client can be attached before that. Turning the debugger
+    on imports debugpy, whose hook then replaces this one (debug/debugger.py
+    keeps a hook the user set instead). Only where debugpy can be imported.
+    """
+    try:
+        if importlib.util.find_spec("debugpy") is None:
+            return
+    except (ImportError, ValueError):
+        return
+    sys.breakpointhook = breakpoint_without_debugger
+
+
+def breakpoint_without_debugger(*args: Any, **kwargs: Any) -> None:
+    """``sys.breakpointhook`` until the debugger is first turned on: debugpy's
+    does nothing while no client is attached, and none can be yet. Any thread."""
+    log.debug("breakpoint() ignored: the debugger is not on")

@@ -216,7 +216,12 @@ class KernelHandle:
         info = kernel_info_content()
         self.language_info: dict[str, Any] = info["language_info"]
         self.protocol_version: str = info["protocol_version"]
-        self.banner: str = info.get("banner", "")
+
+    @property
+    def banner(self) -> str:
+        """IPython's banner, ``shell.banner``, as ipykernel's property (with the
+        shell's profile, ``banner2`` and tip; ``kernel_info_reply``'s has no tip)."""
+        return str(self.shell.banner)
 
     @property
     def execution_count(self) -> int:

@@ -160,9 +160,10 @@ class OutStream(io.TextIOBase):
 
     @property
     def encoding(self) -> str:  # type: ignore[override]
-        """Always ``"utf-8"``: the text goes into JSON ``stream`` messages (messaging spec
-        "Streams (stdout, stderr, etc)")."""
-        return "utf-8"
+        """Always ``"UTF-8"``: the text goes into JSON ``stream`` messages (messaging spec
+        "Streams (stdout, stderr, etc)"). Spelled as ipykernel's ``OutStream.encoding``
+        (iostream.py), for code that compares the string."""
+        return "UTF-8"
 
     def _is_master_process(self) -> bool:
         """ipykernel's ``OutStream._is_master_process``: False in a forked child

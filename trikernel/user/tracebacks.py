@@ -227,6 +227,29 @@ def stdlib_lines(
     return "".join(te.format()).rstrip("\n").split("\n")
 
 
+def show_on_stderr(header: str, value: BaseException, tb: TracebackType | None, *, hide: bool = True) -> None:
+    """Write a failure that is not the running cell's own to ``sys.stderr``:
+    ``header`` (one or more lines), then the standard library's traceback
+    (machinery and IPython frames left out when ``hide``), as ipykernel
+    shows asyncio's "Task exception was never retrieved" (asyncio's
+    ``default_exception_handler`` logs it, and with no handler configured
+    logging's last resort writes it to ``sys.stderr``, ipykernel's
+    ``OutStream``). Used for asyncio tasks nobody awaited and
+    ``trikernel.nursery`` tasks: an ``error`` output says "this cell
+    raised", and papermill fails a notebook for any, although the cell's
+    reply was ok. The text goes to the cell of the current request
+    (outstream.py), flushed at once. Never raises an Exception."""
+    try:
+        lines = stdlib_lines(type(value), value, tb, hide=hide)
+    except Exception:
+        log.debug("the standard library could not format %s", type(value), exc_info=True)
+        lines = one_line(type(value), value)
+    try:
+        print(header, *lines, sep="\n", file=sys.stderr, flush=True)
+    except Exception:
+        log.exception("a background failure could not be written to stderr: %s", header)
+
+
 def one_line(etype: type[BaseException], value: BaseException) -> list[str]:
     """The last resort: ``Name: value``."""
     return [f"{getattr(etype, '__name__', 'Exception')}: {safe_str(value)}"]

@@ -4,8 +4,11 @@ Available as ``trikernel.nursery`` and as ``nursery`` in the user namespace.
 A task started with ``nursery.start_soon`` keeps running while later cells
 run and while the kernel is idle. Its output goes to the cell that started
 it (the parent header is a context variable, inherited at spawn). An
-exception in it is shown as an IOPub ``error`` parented to that cell and
-does not cancel the loop or the kernel. Shutdown cancels these tasks
+exception in it is written to that cell's stderr ("Exception in
+trikernel.nursery task NAME:" and the traceback), as ipykernel writes an
+asyncio task's unretrieved exception: not an ``error`` output, which would
+say that the cell raised (papermill fails a notebook for any). It does not
+cancel the loop or the kernel. Shutdown cancels these tasks
 (``finally`` blocks run).
 
 The tasks live in a nursery of their own, held open by :meth:`UserNursery.host`
@@ -30,6 +33,7 @@ from trikernel.user.outstream import current_request
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
+    from types import TracebackType
 
 log = logging.getLogger("trikernel.usernursery")
 
@@ -37,12 +41,12 @@ log = logging.getLogger("trikernel.usernursery")
 class UserNursery:
     """A view of the kernel's user nursery that reports task errors."""
 
-    def __init__(self, nursery: trio.Nursery, showtraceback: Callable[[tuple[type, BaseException, Any]], None]):
+    def __init__(self, nursery: trio.Nursery, report: Callable[[str, BaseException, TracebackType | None], None]):
         """``nursery``: the user run's nursery (until :meth:`host` has
-        started and opened the tasks' own); ``showtraceback``: shows an error as an IOPub ``error``
-        output (the shell's ``showtraceback``)."""
+        started and opened the tasks' own); ``report(header, exc, tb)``: writes a task's
+        failure to the current cell's stderr (``tracebacks.show_on_stderr``)."""
         self._nursery = nursery  # until host() runs: the user run's own nursery
-        self._showtraceback = showtraceback
+        self._report_failure = report
         self._token = trio.lowlevel.current_trio_token()  # the main user run's
 
     async def host(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -79,11 +83,13 @@ class UserNursery:
         return self._nursery.child_tasks
 
     def _report(self, exc: BaseException) -> None:
+        """In the failed task (its context: the cell that started it)."""
         tb = exc.__traceback__
         if tb is not None and tb.tb_next is not None:
             tb = tb.tb_next  # hide our own wrapper's frame
         try:
-            self._showtraceback((type(exc), exc, tb))
+            name = trio.lowlevel.current_task().name
+            self._report_failure(f"Exception in trikernel.nursery task {name}:", exc, tb)
         except Exception:
             log.exception("could not show a background task's error")
 
@@ -146,7 +152,7 @@ class UserNursery:
         """Start and wait until it calls ``task_status.started()`` (trio.Nursery.start).
 
         An error before ``started()`` is raised here, in the awaiting cell;
-        one after it is shown as an error output of this cell.
+        one after it is written to this cell's stderr, as for ``start_soon``.
         """
         if not self._in_own_run():
             raise RuntimeError("nursery.start() must be awaited in the main shell; use nursery.start_soon() here")
