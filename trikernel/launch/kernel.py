@@ -49,7 +49,7 @@ from trikernel.server.sockets import BoundSockets, TrioSocket
 from trikernel.server.stdin import StdinBridge
 from trikernel.server.switchinterval import SwitchIntervals
 from trikernel.threads import not_traced
-from trikernel.user import fdcapture
+from trikernel.user import collector, fdcapture
 from trikernel.user.interpreter import Interpreter, UserSideDeps, set_up
 from trikernel.user.outstream import ParentTracker
 from trikernel.user.subshells import SubshellRegistry, register_magic
@@ -199,6 +199,8 @@ class Kernel:
         stats["malformed_dropped"] = bad.dropped
         stats["malformed_by_kind"] = bad.by_kind
         stats.update({f"fd_{k}": v for k, v in fdcapture.statistics().__dict__.items()})
+        if collector.COLLECTOR is not None:
+            stats.update({f"gc_{k}": v for k, v in collector.COLLECTOR.statistics.items()})
         stats["strict"] = self.strict is not None
         if self.message_log is not None:
             mlog = self.message_log.statistics()
@@ -227,6 +229,9 @@ class Kernel:
         # A cell that computes holds the GIL; the io thread (control, IOPub)
         # gets it after at most this long (docs/benchmarks.md, "Latency").
         sys.setswitchinterval(self.config.switch_interval)
+        # the cyclic collector runs on the main thread from here on, never on
+        # the io thread (user/collector.py): before any kernel thread starts
+        collector.start(self._wake_user_run)
         not_traced(Heartbeat(self.bound.sockets["hb"])).start()
         self.io.start()
         if not self.io.wait_ready():
@@ -251,6 +256,14 @@ class Kernel:
         finally:
             self._finish()
         return self.exit_code
+
+    def _wake_user_run(self) -> None:
+        """The collector's wake-up (gc thread): the main user run, idle in
+        its wait for I/O, runs the pending collection (user/collector.py)."""
+        token = self.user_run.token
+        if token is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(_nothing)
 
     def _set_up_user_side(self, nursery: trio.Nursery) -> Awaitable[None]:
         """UserRun's set-up: build the user side; the user nursery's host is
@@ -301,6 +314,10 @@ class Kernel:
         self.bound.close()
         self.bound.context.term()
         self.bound.hb_context.term()
+
+
+def _nothing() -> None:
+    """A callback that only wakes the run it is sent to."""
 
 
 def _config_error(exc: BaseException) -> ConfigError | None:
