@@ -303,7 +303,13 @@ class FdCapture:
 
     def _drain_buf(self, s: _Captured) -> None:
         assert s.buf is not None
-        size = os.fstat(s.buf).st_size
+        if self._relay_alive:
+            # the relay's count of bytes appended (written after the bytes):
+            # no syscall, each of which lets another thread take the GIL
+            at = _SIZES + 8 * (s.fd - 1)
+            size = int.from_bytes(self._state_map[at : at + 8], "little")
+        else:  # what a relay that stopped appended, counted or not
+            size = os.fstat(s.buf).st_size
         while s.offset < size:
             data = os.pread(s.buf, min(size - s.offset, READ_CHUNK), s.offset)
             if not data:
