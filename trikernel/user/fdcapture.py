@@ -430,7 +430,7 @@ class FdCapture:
         """True if every byte written to the pipes so far is in the memfds
         already, so the flush need not ask the relay (one syscall instead of
         a round trip to another process). Checked in this order: neither
-        pipe readable (one ``poll`` of both), then the relay's busy byte
+        pipe readable (one ``epoll_wait`` of both), then the relay's busy byte
         clear — it is set before each pipe read and cleared after the
         append, so a byte that left a pipe before the first check is in a
         memfd unless the byte is set — and no drop notice due (the relay
