@@ -22,9 +22,17 @@ Figures (nothing is asserted):
 (d) cost per cell: median time to idle of ``--cells`` cells of ``pass`` and
     of ``os.write(1, b"x\\n")``, and how many of the latter got their text
     after their idle (late).
+(e) cost of a print: a cell of ``--prints`` (100,000) ``print(i)`` calls,
+    timed in the kernel (``perf_counter`` around the loop), to idle, and in
+    CPU seconds of the kernel process (psutil, execute_request sent to idle:
+    steadier than wall time on a loaded machine); and a cell of
+    ``--prints // 10`` rounds of ``os.write(1, ...)`` then ``print`` (each
+    print finds fd output in flight: trikernel publishes it first, one round
+    trip to the relay), timed the same way. ``--reps`` trials, interleaved
+    across the kernels; medians (and the best loop time).
 
-Usage: python bench/fdoutput.py [--reps 3] [--mb 20] [--cells 200]
-       [--baseline b491ff5 [REV ...]] [--kernels trikernel trikernel-b491ff5 python3]
+Usage: python bench/fdoutput.py [--reps 3] [--mb 20] [--cells 200] [--prints 100000]
+       [--only prints] [--baseline b491ff5 [REV ...]] [--kernels trikernel trikernel-b491ff5 python3]
 """
 
 from __future__ import annotations
@@ -162,12 +170,91 @@ def bench_cells(names: list[str], cells: int) -> dict[str, Any]:
     return out
 
 
+PRINT_CELL = "_t0 = time.perf_counter()\nfor i in range({n}):\n    print(i)\n_dt = time.perf_counter() - _t0"
+MIXED_CELL = (
+    "_t0 = time.perf_counter()\nfor i in range({n}):\n    os.write(1, b'x\\n')\n    print(i)\n"
+    "_dt = time.perf_counter() - _t0"
+)
+
+
+def _timed(r: Reader, proc: Any, code: str, expect: int) -> tuple[float, float, float]:
+    """(seconds in the kernel, seconds to idle, CPU seconds of the kernel process from
+    execute_request sent until idle) of one timed cell; the cell sets ``_dt``."""
+    cpu0 = proc.cpu_times()
+    got = r.run(code, expect, 300)
+    cpu1 = proc.cpu_times()
+    msg_id = r.kc.execute("", user_expressions={"dt": "_dt"}, store_history=False)
+    while True:
+        m = r.kc.get_shell_msg(timeout=60)
+        if m["parent_header"].get("msg_id") == msg_id:
+            dt = float(m["content"]["user_expressions"]["dt"]["data"]["text/plain"])
+            cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+            return dt, got["to_idle"] or float("nan"), cpu
+
+
+def bench_prints(names: list[str], n: int, reps: int) -> dict[str, Any]:
+    import psutil
+
+    keys = ("print_s", "print_idle_s", "print_cpu_s", "mixed_s", "mixed_cpu_s")
+    out: dict[str, Any] = {name: {k: [] for k in keys} for name in names}
+    kernels = {name: start_kernel(name, log_tag="-fdoutput-prints") for name in names}
+    try:
+        readers = {name: Reader(k.kc) for name, k in kernels.items()}
+        procs = {name: psutil.Process(k.pid) for name, k in kernels.items()}
+        for name, r in readers.items():
+            r.run("import os, time", 0, 30)
+            _timed(r, procs[name], PRINT_CELL.format(n=n // 10), 1)  # warm-up
+        line_bytes = sum(len(f"{i}\n") for i in range(n))
+        for _ in range(reps):
+            for name, r in readers.items():
+                dt, idle, cpu = _timed(r, procs[name], PRINT_CELL.format(n=n), line_bytes)
+                out[name]["print_s"].append(dt)
+                out[name]["print_idle_s"].append(idle)
+                out[name]["print_cpu_s"].append(cpu)
+            for name, r in readers.items():
+                dt, _, cpu = _timed(r, procs[name], MIXED_CELL.format(n=n // 10), 1)
+                out[name]["mixed_s"].append(dt)
+                out[name]["mixed_cpu_s"].append(cpu)
+    finally:
+        for k in kernels.values():
+            k.shutdown()
+    return {name: {k: median(v) for k, v in d.items()} | {"trials": d} for name, d in out.items()}
+
+
+def prints_table(names: list[str], prints: dict[str, Any], n: int, load: str) -> str:
+    m = n // 10
+    rows = [
+        [
+            label(name),
+            fmt(prints[name]["print_s"] / n * 1e6, 2),
+            fmt(min(prints[name]["trials"]["print_s"]) / n * 1e6, 2),
+            fmt(prints[name]["print_idle_s"], 3),
+            fmt(prints[name]["print_cpu_s"] / n * 1e6, 2),
+            fmt(prints[name]["mixed_s"] / m * 1e6, 1),
+            fmt(prints[name]["mixed_cpu_s"] / m * 1e6, 1),
+        ]
+        for name in names
+    ]
+    header = [
+        "kernel",
+        "`print(i)`, us each (median)",
+        "(best)",
+        f"{n:,} prints, s to idle",
+        "kernel CPU, us per print",
+        "`os.write(1, ...)` + `print`, us per round",
+        "kernel CPU, us per round",
+    ]
+    return f"### cost of a print (load average {load})\n\n" + md_table(header, rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--mb", type=int, default=20)
     ap.add_argument("--cells", type=int, default=200)
     ap.add_argument("--hang-timeout", type=float, default=10.0)
+    ap.add_argument("--prints", type=int, default=100000)
+    ap.add_argument("--only", choices=["prints"], default=None, help="run only figure (e)")
     ap.add_argument("--baseline", nargs="+", default=["b491ff5"], help="git revisions to compare with")
     ap.add_argument("--kernels", nargs="*", default=None)
     ap.add_argument("--json", default=str(RESULTS_DIR / "fdoutput.json"))
@@ -180,6 +267,16 @@ def main() -> int:
         specs = KernelSpecManager().find_kernel_specs()
         names = [n for n in (args.kernels or ["trikernel", *bases, "python3"]) if n in specs]
         print("fdoutput: kernels", ", ".join(names), file=sys.stderr, flush=True)
+        load0 = os.getloadavg()
+        prints = bench_prints(names, args.prints, args.reps)
+        load = f"{min(load0[0], os.getloadavg()[0]):.1f}-{max(load0[0], os.getloadavg()[0]):.1f}"
+        print("fdoutput: prints done", file=sys.stderr, flush=True)
+        if args.only == "prints":
+            text = prints_table(names, prints, args.prints, load)
+            print(text)
+            path = pathlib.Path(args.json).with_name("fdoutput-prints.json")
+            write_json(path, {"prints": prints, "kernels": names, "load": load})
+            return 0
         thr = bench_throughput(names, args.reps, args.mb)
         print("fdoutput: throughput done", file=sys.stderr, flush=True)
         cells = bench_cells(names, args.cells)
@@ -232,9 +329,19 @@ def main() -> int:
                 f"in-cell {mbps(thr[n]['inproc']) / mbps(thr[ref]['inproc']):.2f}x, "
                 f"`pass` cell time {cells[n]['pass_ms'] / cells[ref]['pass_ms']:.2f}x"
             )
-    text = "## fd 1/2 output\n\n" + table + "\n\n" + "\n".join(ratios)
+    text = (
+        "## fd 1/2 output\n\n"
+        + table
+        + "\n\n"
+        + "\n".join(ratios)
+        + "\n\n"
+        + prints_table(names, prints, args.prints, load)
+    )
     print(text)
-    write_json(pathlib.Path(args.json), {"throughput": thr, "cells": cells, "gil": gil, "kernels": names})
+    write_json(
+        pathlib.Path(args.json),
+        {"throughput": thr, "cells": cells, "gil": gil, "prints": prints, "kernels": names, "load": load},
+    )
     (RESULTS_DIR / "fdoutput.md").write_text(text + "\n")
     return 0
 

@@ -83,3 +83,39 @@ def test_copy_sets_busy_only_while_bytes_are_outside_the_memfd(stream):
     assert os.pread(s.state, 1, _fdrelay.BUSY) == b"\0"
     assert s.copy(LIMIT) == 0  # empty pipe
     assert _text(s) == b"e" * 100
+
+
+def test_appended_bytes_are_counted_in_the_state_page(stream):
+    """The kernel's check before a Python-level write compares these counts
+    with what it has published (fdcapture.FdCapture._settled)."""
+    s, w = stream
+    os.write(w, b"f" * 300)
+    assert s.copy(LIMIT) == 300
+    assert os.pread(s.state, 8, _fdrelay.SIZES) == (300).to_bytes(8, "little")
+    for _ in range(20):  # into a gap, then out of it with a notice
+        s.take(b"g" * 65536, LIMIT)
+    _consume(s, s.size)
+    s.take(b"h", LIMIT)
+    assert os.pread(s.state, 8, _fdrelay.SIZES) == s.size.to_bytes(8, "little")
+    assert s.size == len(_text(s))
+
+
+def test_a_flush_reads_what_the_pipe_held_and_stops_though_a_writer_keeps_filling_it(stream, monkeypatch):
+    """A flush request must end while a writer keeps the pipe full (before,
+    the relay read "until empty", which such a writer never lets happen)."""
+    s, w = stream
+    os.write(w, b"i" * 5000)
+    copy = _fdrelay._Stream.copy
+    calls = []
+
+    def copy_then_refill(self: _fdrelay._Stream, limit: int) -> int:
+        calls.append(1)
+        assert len(calls) < 1000, "the flush did not stop"
+        n = copy(self, limit)
+        os.write(w, b"j" * 100)  # the writer, between two reads
+        return n
+
+    monkeypatch.setattr(_fdrelay._Stream, "copy", copy_then_refill)
+    s.drain(LIMIT)
+    assert _text(s)[:5000] == b"i" * 5000  # all that was there before the request
+    assert len(calls) == 1

@@ -26,10 +26,13 @@ What it does, for each captured fd (1 and 2):
   blocks — and drops what it read, counting it, until the backlog is back
   under ``limit // 2``; then it appends one line saying how many bytes were
   dropped, where they were, and carries on;
-- **flush**: for every ``F`` byte on the control pipe it reads both pipes
-  until they are empty (everything written before the request was sent is
-  in them), appends it, and answers one ``A`` byte on the ack pipe. So the
-  kernel can read, before a cell's reply, every byte written during it.
+- **flush**: for every ``F`` byte on the control pipe it reads from each
+  pipe as many bytes as it held when the request was read (``FIONREAD``:
+  everything written before the request was sent is in them; bounded, so a
+  writer that keeps the pipe full cannot hold the answer back), appends
+  them, and answers one ``A`` byte on the ack pipe. So the kernel can read,
+  before a cell's reply or a Python-level write, every byte written before
+  it.
 
 It exits when the control pipe reaches EOF (the kernel is gone).
 
@@ -37,7 +40,11 @@ Counts: the total bytes dropped per fd are kept in the state memfd (two
 little-endian u64 at offsets 0 and 8, fd 1 then fd 2), which the kernel
 reads for ``%trikernel``; at offset 16, the relay's pid; at 24, the busy
 byte (1 from before a pipe read until its bytes are in the memfd); at 25
-and 26, a gap byte per fd (1 while dropped bytes wait for their notice). A failed append (no memory) counts as a drop.
+and 26, a gap byte per fd (1 while dropped bytes wait for their notice); at
+32 and 40, the bytes appended to each memfd so far (little-endian u64, fd 1
+then fd 2; written after each append, before the busy byte is cleared), so
+the kernel can tell without a syscall whether it has published everything
+appended. A failed append (no memory) counts as a drop.
 
 argv: ``limit out_pipe out_buf err_pipe err_buf ctl ack bell state`` (ints;
 fd numbers inherited from the kernel).
@@ -48,18 +55,23 @@ from the kernel, one thread); nothing here runs in the kernel.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
+import fcntl
 import os
 import select
 import signal
 import sys
+import termios
 
 #: Largest read from a capture pipe at once, bytes.
 CHUNK = 1 << 20
-#: Offsets in the state memfd: the busy byte, then one gap byte per fd.
+#: Offsets in the state memfd: the busy byte, then one gap byte per fd,
+#: then one u64 per fd: bytes appended to its memfd.
 BUSY = 24
 GAP = 25
+SIZES = 32
 
 
 def _notice(fd: int, dropped: int, limit: int) -> bytes:
@@ -97,10 +109,15 @@ class _Stream:
 
     def append(self, data: bytes) -> None:
         view = memoryview(data)
-        while view:
-            n = os.pwrite(self.buf, view, self.size)
-            self.size += n
-            view = view[n:]
+        try:
+            while view:
+                n = os.pwrite(self.buf, view, self.size)
+                self.size += n
+                view = view[n:]
+        finally:
+            # what the kernel's check before a Python-level write compares with
+            # what it has published (fdcapture.FdCapture.before_output)
+            os.pwrite(self.state, self.size.to_bytes(8, "little"), SIZES + 8 * (self.fd - 1))
 
     def take(self, data: bytes, limit: int, *, force_notice: bool = False) -> None:
         """Append ``data`` unless that would exceed ``limit``; count drops."""
@@ -160,12 +177,25 @@ class _Stream:
             os.pwrite(self.state, b"\0", BUSY)
 
     def drain(self, limit: int) -> None:
-        """Read the pipe until it is empty (a flush request)."""
-        while self.copy(limit) > 0:
-            pass
+        """Read what the pipe holds now (a flush request): at least the bytes it
+        held on entry, so that everything written before the request is in the
+        memfd, and then stop even if a writer keeps filling it."""
+        want = _unread(self.pipe)
+        while want > 0:
+            n = self.copy(limit)
+            if n <= 0:
+                break
+            want -= n
         if self.dropping:
             # show the gap before the cell's reply even if the backlog is still high
             self.take(b"", limit, force_notice=True)
+
+
+def _unread(pipe: int) -> int:
+    """Bytes waiting in ``pipe`` (FIONREAD)."""
+    n = array.array("i", [0])
+    fcntl.ioctl(pipe, termios.FIONREAD, n, True)
+    return n[0]
 
 
 def main(argv: list[str]) -> int:

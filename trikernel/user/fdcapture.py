@@ -25,6 +25,16 @@ by them). What differs is who drains the pipes:
   their end itself. So fd output written
   while a cell runs is on IOPub before that cell's reply and idle — exactly,
   with no sleep.
+- **order** (:func:`before_output`): before Python-level output is queued
+  (``sys.stdout``/``sys.stderr`` writes, display, errors, comm messages;
+  outstream.py), the fd bytes written before it go first: the same collect
+  as the flush, when anything is in flight. Telling that nothing is costs
+  one syscall (``epoll_wait`` of both pipes with no timeout) and two reads
+  of the relay's state page: its busy and gap bytes, and the bytes it has
+  appended to each memfd, compared with what the kernel has published. So
+  ``print('a'); os.system('echo b'); print('c')`` shows a, b, c, always.
+  Output a writer produces *while* Python prints (a subprocess still
+  running) has no "before": it goes in at the next write that finds it.
 
 Bound: the relay keeps the backlog (appended, not yet consumed) at most
 ``--fd-backlog-bytes`` per fd (64 MiB by default). Past it, it keeps reading
@@ -48,12 +58,14 @@ thread reads the pipes directly.
 
 Runs on: the "trikernel-fd" reader thread; the main thread (:func:`install`,
 :func:`start`); :func:`flush` on the thread that ran a request, before its
-reply (it serialises); :func:`statistics` any thread.
+reply (it serialises); :func:`before_output` and :func:`statistics` any
+thread.
 """
 
 from __future__ import annotations
 
 import codecs
+import functools
 import logging
 import mmap
 import os
@@ -104,7 +116,10 @@ class FdStats:
     """Of ``flushes``, the ones the relay did not answer within FLUSH_TIMEOUT
     (waited for, or not asked again while an earlier question is unanswered)."""
     flush_waits: int = 0
-    """Of ``flushes``, the ones that asked the relay and waited for its answer."""
+    """Of ``flushes`` and ``orders``, the ones that asked the relay and waited for its answer."""
+    orders: int = 0
+    """Python-level writes that found fd output in flight and published it first
+    (:func:`before_output`)."""
 
 
 class _Captured:
@@ -137,7 +152,13 @@ class FdCapture:
         self._streams: list[_Captured] = []
         self._ctl = self._ack = self._bell = self._state = -1
         self._state_map: Any = None  # the state memfd, mapped (busy and gap bytes read without a syscall)
-        self._pipes_poll: Any = None  # a select.poll of both pipes' read ends (one syscall per flush)
+        # is either pipe readable now? (one syscall; any thread: an epoll may
+        # be waited on by several threads at once, a select.poll may not)
+        self._pipes_ready: Callable[[], Any] = tuple
+        self._sizes_published = bytes(16)  # the relay's SIZES bytes once all it appended is published
+        self._holders: set[int] = set()  # threads holding _lock or _flush_lock (no waiting for oneself)
+        self._ordering = False  # started, and not a forked child: before_output works
+        self._fast_map: Any = None  # the state map while ordering with a live relay (the fast check's)
         self._acks_owed = 0
         self._relay: Any = None  # the relay's first process (a subprocess.Popen) until reaped
         self._relay_alive = False
@@ -156,9 +177,14 @@ class FdCapture:
             os.dup2(w, fd)  # inheritable: children write here
             os.close(w)
             self._streams.append(_Captured(fd, name, r, None))
-        self._pipes_poll = select.poll()
-        for s in self._streams:
-            self._pipes_poll.register(s.pipe, select.POLLIN)
+        pipes = [s.pipe for s in self._streams]
+        if hasattr(select, "epoll"):
+            ep = select.epoll()
+            for p in pipes:
+                ep.register(p, select.EPOLLIN)
+            self._pipes_ready = functools.partial(ep.poll, 0, 1)  # no timeout, at most one event
+        else:
+            self._pipes_ready = lambda: select.select(pipes, [], [], 0)[0]
         return saved[0], saved[1]
 
     def start(self, log_fd: int) -> None:
@@ -170,6 +196,8 @@ class FdCapture:
             except OSError as exc:
                 log.warning("fd capture: the relay did not start (%s); reading fd 1/2 directly", exc)
         self.stats.mode = "relay" if self._relay_alive else "direct"
+        self._ordering = True
+        self._fast_map = self._state_map if self._relay_alive else None
         not_traced(threading.Thread(target=self._reader, name="trikernel-fd", daemon=True)).start()
 
     def _start_relay(self, log_fd: int) -> None:
@@ -215,6 +243,8 @@ class FdCapture:
 
     def _mark_forked(self) -> None:
         self._forked = True
+        self._ordering = False
+        self._fast_map = None
 
     # -- reader thread ----------------------------------------------------------
     def _reader(self) -> None:
@@ -238,6 +268,7 @@ class FdCapture:
             if not self._relay_alive:
                 return
             self._relay_alive = False
+            self._fast_map = None
             self.stats.mode = "direct"
         log.warning("fd capture: the relay stopped (%s); reading fd 1/2 directly from now on", why)
         self.drain()  # what it appended before it stopped
@@ -254,18 +285,31 @@ class FdCapture:
     # -- both -------------------------------------------------------------------
     def drain(self) -> None:
         """Publish what the memfds (relay) or the pipes (direct mode) hold now."""
+        me = threading.get_ident()
         with self._lock:
-            for s in self._streams:
-                if self._relay_alive and s.buf is not None:
-                    self._drain_buf(s)
-                else:
-                    if s.buf is not None:
-                        self._drain_buf(s)  # leftovers of a relay that stopped
-                    self._drain_pipe(s)
+            self._holders.add(me)
+            try:
+                for s in self._streams:
+                    if self._relay_alive and s.buf is not None:
+                        self._drain_buf(s)
+                    else:
+                        if s.buf is not None:
+                            self._drain_buf(s)  # leftovers of a relay that stopped
+                        self._drain_pipe(s)
+            finally:
+                out, err = self._streams
+                self._sizes_published = out.offset.to_bytes(8, "little") + err.offset.to_bytes(8, "little")
+                self._holders.discard(me)
 
     def _drain_buf(self, s: _Captured) -> None:
         assert s.buf is not None
-        size = os.fstat(s.buf).st_size
+        if self._relay_alive:
+            # the relay's count of bytes appended (written after the bytes):
+            # no syscall, each of which lets another thread take the GIL
+            at = _SIZES + 8 * (s.fd - 1)
+            size = int.from_bytes(self._state_map[at : at + 8], "little")
+        else:  # what a relay that stopped appended, counted or not
+            size = os.fstat(s.buf).st_size
         while s.offset < size:
             data = os.pread(s.buf, min(size - s.offset, READ_CHUNK), s.offset)
             if not data:
@@ -317,24 +361,76 @@ class FdCapture:
             return
         self.stats.flushes += 1
         try:
-            with self._flush_lock:
-                if self._relay_alive and not self._nothing_in_flight():
-                    try:
-                        self._ask_relay()
-                    except OSError as exc:
-                        self._relay_gone(f"control pipe: {exc.strerror}")
-                self.drain()
+            self._collect()
         except KeyboardInterrupt:
             # what was not published stays in the memfd for the next drain
             log.info("interrupt while collecting fd output: ignored")
         except Exception:
             log.exception("fd capture: flush failed")
 
+    def _collect(self) -> None:
+        """Publish every byte written to fd 1/2 before this call: ask the relay
+        to empty the pipes (unless nothing is in flight), then read the memfds
+        (relay) or the pipes (direct mode) to their end. Blocks at most
+        FLUSH_TIMEOUT for the relay; KeyboardInterrupt and errors propagate."""
+        me = threading.get_ident()
+        with self._flush_lock:
+            self._holders.add(me)
+            try:
+                if self._relay_alive and not self._nothing_in_flight():
+                    try:
+                        self._ask_relay()
+                    except OSError as exc:
+                        self._relay_gone(f"control pipe: {exc.strerror}")
+                self.drain()
+            finally:
+                self._holders.discard(me)
+
+    # -- any thread, before Python-level output --------------------------------
+    def before_output(self) -> None:
+        """Publish the fd 1/2 bytes written before this call, if any are not yet
+        published, so that the Python-level output the caller is about to
+        queue comes after them (the module docstring, "order").
+
+        Any thread but the io thread (the caller's check). Cost when nothing
+        is in flight: one ``epoll_wait`` with no timeout and two reads of
+        the relay's state page (the order of the checks is what makes them
+        exact, see the comment inside); else a flush (at most FLUSH_TIMEOUT
+        waiting for the relay, which never waits for the kernel). Does
+        nothing in a forked child, before :meth:`start`, and in a thread that
+        is itself collecting (a signal handler or ``__del__`` that prints
+        from inside a drain: it cannot wait for itself). Raises
+        KeyboardInterrupt if one arrives meanwhile (what was not published
+        stays for the next collect).
+        """
+        # The fast path is every print's cost, so it is inline. Every byte
+        # written before this call has been published when, checked in this
+        # order: neither pipe is readable (so each such byte has left its
+        # pipe); then the relay's busy and gap bytes are clear (each byte it
+        # read from a pipe is in a memfd with its count written, and no drop
+        # notice is due), and its counts of bytes appended equal the offsets
+        # published so far (advanced once the text is queued). Two slices,
+        # not one: the busy byte must be read before the counts.
+        m = self._fast_map
+        if m is not None and not self._pipes_ready() and m[_FLAGS] == b"\0\0\0" and m[_COUNTS] == self._sizes_published:
+            return
+        self._before_output_slow()
+
+    def _before_output_slow(self) -> None:
+        if not self._ordering:
+            return
+        if not self._relay_alive and not self._pipes_ready() and not self._lock.locked():
+            return  # direct mode: pipes empty, and no drain between its read and its publish
+        if threading.get_ident() in self._holders:
+            return
+        self.stats.orders += 1
+        self._collect()
+
     def _nothing_in_flight(self) -> bool:
         """True if every byte written to the pipes so far is in the memfds
         already, so the flush need not ask the relay (one syscall instead of
         a round trip to another process). Checked in this order: neither
-        pipe readable (one ``poll`` of both), then the relay's busy byte
+        pipe readable (one ``epoll_wait`` of both), then the relay's busy byte
         clear — it is set before each pipe read and cleared after the
         append, so a byte that left a pipe before the first check is in a
         memfd unless the byte is set — and no drop notice due (the relay
@@ -346,9 +442,9 @@ class FdCapture:
         reply lets the io thread take the GIL)."""
         if self._acks_owed:
             return False
-        if any(events & select.POLLIN for _, events in self._pipes_poll.poll(0)):
+        if self._pipes_ready():
             return False
-        return bool(self._state_map[_BUSY : _BUSY + 3] == b"\0\0\0")  # not busy, no notice due
+        return bool(self._state_map[_FLAGS] == b"\0\0\0")  # not busy, no notice due
 
     def _ask_relay(self) -> None:
         """One flush request and its answer. While an earlier request is
@@ -400,7 +496,12 @@ class FdCapture:
 #: Offset of the relay's busy byte in the state memfd, then its two gap
 #: bytes (_fdrelay.BUSY, _fdrelay.GAP).
 _BUSY = 24
-#: Bytes of the state memfd (set at creation; the relay writes bytes 0..26).
+#: Offset of the relay's two u64 counts of bytes appended (_fdrelay.SIZES).
+_SIZES = 32
+#: The busy and gap bytes, then the counts, of the state memfd.
+_FLAGS = slice(_BUSY, _BUSY + 3)
+_COUNTS = slice(_SIZES, _SIZES + 16)
+#: Bytes of the state memfd (set at creation; the relay writes bytes 0..47).
 _STATE_SIZE = 64
 
 
@@ -456,6 +557,25 @@ def flush() -> None:
     """Publish all fd 1/2 output written so far (no-op when fds are not captured)."""
     if _capture is not None:
         _capture.flush()
+
+
+def _nothing() -> None:
+    pass
+
+
+def order_hook() -> Callable[[], None]:
+    """:func:`before_output` bound to the installed capture (one call less per
+    write), or a function that does nothing when fds are not captured. Any thread."""
+    return _capture.before_output if _capture is not None else _nothing
+
+
+def before_output() -> None:
+    """Publish fd 1/2 output written before this call and not yet published,
+    so that the Python-level output about to be queued follows it
+    (:meth:`FdCapture.before_output`; no-op when fds are not captured). Any
+    thread but the io thread; KeyboardInterrupt may propagate."""
+    if _capture is not None:
+        _capture.before_output()
 
 
 def statistics() -> FdStats:

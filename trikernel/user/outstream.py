@@ -1,6 +1,10 @@
 """User-side output: sys.stdout / sys.stderr replacements that become IOPub
 ``stream`` messages, and the Publisher that display, errors and comms use.
 
+Order with fd 1/2: before any of this is queued, fd output written before
+it is published first (``fdcapture.before_output``), so
+``print('a'); os.system('echo b'); print('c')`` reads a, b, c.
+
 Parent routing: the parent header is that of ``current_request``, the
 context variable set for every request's code (trio tasks a cell starts
 inherit it; threads and executor work too, threadparent.py), else that of
@@ -150,6 +154,7 @@ class OutStream(io.TextIOBase):
         self._fallback = fallback  # the kernel's real terminal stream (io-thread writes, fileno)
         self._fd = 1 if name == "stdout" else 2
         self._child_pending = ""  # a forked child's unfinished line
+        self._before_output = fdcapture.order_hook()  # fd output written before a write goes first
         self._master_pid = os.getpid()
 
     @property
@@ -219,6 +224,7 @@ class OutStream(io.TextIOBase):
         if self._parents.silent():
             self._queue.stats.silenced += 1
             return len(s)
+        self._before_output()
         self._queue.write_stream(self.name_, s, self._parents.get())
         return len(s)
 
@@ -274,6 +280,7 @@ class Publisher:
         while the IOPub queue is full; see :meth:`send_message`)."""
         if self._dropped(msg_type):
             return
+        fdcapture.before_output()  # fd output written before this message goes first
         msg = self.builder.iopub(msg_type, content, self.parents.get(), metadata=metadata or {}, buffers=buffers)
         self.queue.put_from_thread(msg)
 
@@ -286,6 +293,7 @@ class Publisher:
         request is not broadcast (counted). Any thread but the io thread."""
         if self._dropped(msg.msg_type):
             return False
+        fdcapture.before_output()
         return self.queue.put_from_thread(msg)
 
     def _dropped(self, msg_type: str) -> bool:
