@@ -16,10 +16,13 @@ waits until the fuzzer's own shell and control requests have been served
 (``Peers.wait_answered``; ``catch_up_max_s``): closed loop, so that the
 kernel's RSS does not measure a backlog that grows from burst to burst. Reported: messages sent per
 kind, bursts survived, deaths and hangs, RSS at start / max / end, kernel
-log lines per 1,000 bad messages. Nothing is asserted.
+log lines per 1,000 bad messages. With ``--breakdown``, at the end (after the
+idle wait) a cell measures inside each IPython kernel what its RSS is made of
+(bench/memory_breakdown.py: Python objects, pymalloc's free space, glibc's main
+heap and thread arenas, code). Nothing is asserted.
 
 Usage: python bench/fuzz.py [--messages 100000 | --seconds 300] [--burst 500] [--seed 17]
-       [--kernels trikernel python3 xpython] [--json PATH]
+       [--kernels trikernel python3 xpython] [--breakdown] [--json PATH]
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ import psutil
 from jupyter_client.manager import KernelManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import memory_breakdown
 from fuzzer import KINDS, Fuzzer, Peers, generate, load_connection, pick
 
 
@@ -99,6 +104,25 @@ class Target:
                 return True
         return False
 
+    def breakdown(self, timeout: float = 120.0) -> dict[str, Any] | None:
+        """Run bench/memory_breakdown.py's cell in the kernel; its figures (MiB), or None
+        when none came within ``timeout`` seconds (a kernel that is not IPython's)."""
+        msg_id = self.kc.execute(memory_breakdown.CELL, store_history=False)
+        text: list[str] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                m = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            except Exception:  # queue.Empty: no answer in time
+                break
+            if m["parent_header"].get("msg_id") != msg_id:
+                continue
+            if m["msg_type"] == "stream":
+                text.append(m["content"]["text"])
+            elif m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                break
+        return memory_breakdown.parse("".join(text))
+
     def dump_stacks(self) -> str | None:
         """Every thread's stack of the kernel (``py-spy dump --native``) into the log
         directory; its path, or None without py-spy (``pip install py-spy``)."""
@@ -142,6 +166,7 @@ def run_kernel(
     seconds: float | None = None,
     heavy: float = 0.01,
     only: tuple[str, ...] | None = None,
+    breakdown: bool = False,
 ) -> dict[str, Any]:
     t = Target(name, logdir)
     stop_at = None if seconds is None else time.monotonic() + seconds
@@ -198,6 +223,7 @@ def run_kernel(
     time.sleep(3.0)  # idle: trikernel's heap.py returns the rest of the last burst within 1 s
     rss_idle = t.rss()
     peak = max(peak, t.peak())
+    parts = t.breakdown() if breakdown else None
     shutdown = t.stop(graceful=True)
     bad = sent - kinds["valid"]
     return {
@@ -219,6 +245,7 @@ def run_kernel(
         "catch_up_max_s": round(catch_up_max, 2),
         "bursts_not_served_within_60s": behind,
         "log_lines_per_1000_bad": round(1000 * t.log_lines / max(1, bad), 2),
+        "breakdown_mib": parts,
     }
 
 
@@ -231,6 +258,7 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=500)
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--kernels", nargs="+", default=["trikernel", "python3", "xpython"])
+    ap.add_argument("--breakdown", action="store_true", help="measure what the RSS is made of at the end")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     os.environ.setdefault("IPYTHONDIR", tempfile.mkdtemp(prefix="fuzz-ipython-"))
@@ -241,7 +269,7 @@ def main() -> None:
         print(f"fuzzing {name}: {amount}, bursts of {args.burst}, seed {args.seed}", file=sys.stderr)
         n = args.messages if args.seconds is None else 10**9
         kinds = tuple(k for k in KINDS if k not in args.without) if args.without else None
-        r = run_kernel(name, n, args.burst, args.seed, logdir, args.seconds, args.heavy_weight, kinds)
+        r = run_kernel(name, n, args.burst, args.seed, logdir, args.seconds, args.heavy_weight, kinds, args.breakdown)
         results.append(r)
         print(json.dumps(r), flush=True)
     print(
@@ -256,6 +284,13 @@ def main() -> None:
             f"{r['rss_peak_mib']} | "
             f"{r['shutdown_s'] if r['shutdown_s'] is not None else '> 60'} | {r['log_lines_per_1000_bad']} |"
         )
+    if args.breakdown:
+        cols = ("rss", "file", "python_objects", "pymalloc_free", "main_heap", "thread_arenas", "other")
+        print(f"\n| kernel (MiB, after the idle wait) | {' | '.join(cols)} |")
+        print("|---" * (len(cols) + 1) + "|")
+        for r in results:
+            b = r["breakdown_mib"] or {}
+            print(f"| {r['kernel']} | " + " | ".join(str(b.get(c, "-")) for c in cols) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
     print(f"kernel logs: {logdir}", file=sys.stderr)

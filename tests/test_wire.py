@@ -6,12 +6,14 @@ import contextlib
 import hashlib
 import hmac
 import json
+import tracemalloc
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trikernel.errors import ConfigError, ProtocolError
+from trikernel.protocol import wire
 from trikernel.protocol.messages import MessageBuilder as Session
 from trikernel.protocol.wire import DELIM, Message, Signer, deserialize, serialize
 
@@ -67,9 +69,32 @@ def test_bad_and_missing_signature_and_replay_are_rejected():
 def test_replay_window_is_bounded():
     v = Signer(KEY, replay_window=3)
     session = Session()
-    for _ in range(10):
-        deserialize(serialize(session.msg("x", {}, None), Signer(KEY)), v)
-    assert len(v._seen) == 3
+    sent = [serialize(session.msg("x", {}, None), Signer(KEY)) for _ in range(10)]
+    for frames in sent:
+        deserialize(frames, v)
+    assert len(v._seen) == len(v._order) == 3
+    with pytest.raises(ProtocolError, match="replayed"):
+        deserialize(sent[-1], v)  # remembered
+    deserialize(sent[0], v)  # forgotten: past the window
+
+
+def test_replay_guard_keeps_less_than_a_signature_per_message():
+    """The guard is full after 65,536 accepted messages (a long fuzz run
+    fills it): it used to keep each signature frame (64 hex digits, 112
+    bytes) in an OrderedDict, about 200 bytes a message, 12.5 MiB in all;
+    128 bits of it as an int in a set, oldest first in a deque, is about 85
+    (issue 26, docs/robustness.md "Memory of dropped input")."""
+    guard, signer = Signer(KEY), Signer(KEY)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(wire.REPLAY_WINDOW + 1000):  # each signature frame dropped once remembered
+            guard.remember(signer.sign([str(i).encode(), b"{}", b"{}", b"{}"]))
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(guard._seen) == wire.REPLAY_WINDOW
+    assert kept / wire.REPLAY_WINDOW < 128, f"{kept / wire.REPLAY_WINDOW:.0f} bytes per remembered signature"
 
 
 def test_empty_key_means_no_signing():

@@ -33,7 +33,7 @@ import json
 import numbers
 import os
 import re
-from collections import OrderedDict
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import accumulate
@@ -54,6 +54,8 @@ _JOIN_BYTES = 1 << 16
 PROTOCOL_VERSION = "5.5"
 #: How many recent signatures the replay guard remembers (count).
 REPLAY_WINDOW = 65536
+#: Hex digits of a signature the replay guard keeps (128 bits of the HMAC).
+_REPLAY_KEY_HEX = 32
 
 _REQUIRED_HEADER = ("msg_id", "msg_type")
 _F = TypeVar("_F", bytes, Received)
@@ -145,6 +147,9 @@ _STEP = tuple(1 if c == ord("[") else -1 if c == ord("]") else 0 for c in range(
 #: Passes of innermost-pair removal before the linear scan takes over.
 _PAIR_PASSES = 16
 _DEPTH_CHUNK = 1 << 16
+#: Bytes of a frame split on quotes at a time when string literals are cut
+#: out (_brackets_outside_strings): bounds the pieces alive at once.
+_CUT_CHUNK = 1 << 14
 
 
 def _check_depth(data: bytes, limit: int) -> None:
@@ -163,14 +168,21 @@ def _check_depth(data: bytes, limit: int) -> None:
     JSON this may over-count, never under-count what the parser would
     reach before failing: up to the parser's first error both see the same
     string boundaries.
+
+    Memory: about three times the frame at most, whatever its shape (its
+    copy, the brackets left, their join; a copy without escapes where it
+    has some), not one object per string literal: the io thread's heap
+    keeps what a pre-scan once needed, since glibc returns no thread
+    arena's top (docs/robustness.md, "Memory of dropped input").
     """
     if data.count(b"[") + data.count(b"{") <= limit:
         return
     if b'"' in data:
         if b"\\" in data:
             data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
-        data = b"".join(data.split(b'"')[::2])
-    rest = data.translate(_TO_BRACKETS, _NOT_BRACKETS)
+        rest = _brackets_outside_strings(data)
+    else:
+        rest = data.translate(_TO_BRACKETS, _NOT_BRACKETS)
     passes = 0
     while rest and passes < min(limit, _PAIR_PASSES):
         if b"[" * (limit - passes + 1) in rest:
@@ -195,6 +207,26 @@ def _check_depth(data: bytes, limit: int) -> None:
         raise ProtocolError(f"JSON nests deeper than {limit} levels or is unbalanced", "too_deep")
 
 
+def _brackets_outside_strings(data: bytes) -> bytes:
+    """The brackets of ``data`` outside its string literals, "{" and "}" as
+    "[" and "]"; ``data`` has no escaped quote or backslash left.
+
+    Split on quotes one :data:`_CUT_CHUNK` at a time, carrying whether the
+    next chunk starts inside a literal. Splitting the whole frame at once
+    made one bytes object per literal: 22 times the frame for a
+    100,000-deep ``{"a":{"a":...`` (13 MiB for 586 KiB), which the io
+    thread's heap then kept after the frame was dropped.
+    """
+    kept: list[bytes] = []
+    inside = 0  # 1 while the chunk starts inside a string literal
+    for start in range(0, len(data), _CUT_CHUNK):
+        pieces = data[start : start + _CUT_CHUNK].split(b'"')
+        kept.append(b"".join(pieces[inside::2]).translate(_TO_BRACKETS, _NOT_BRACKETS))
+        if len(pieces) % 2 == 0:  # an odd number of quotes in this chunk
+            inside ^= 1
+    return b"".join(kept)
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -210,7 +242,8 @@ def loads(data: Received, max_depth: int = DEFAULT_LIMITS.max_json_depth) -> Any
 
     ``data`` is decoded to text straight from its buffer (a memoryview is
     not copied to bytes first); only a frame with more brackets than
-    ``max_depth`` is copied, for the depth pre-scan.
+    ``max_depth`` is copied, for the depth pre-scan, during which its text
+    is not held (it is decoded again if the frame passes).
 
     Raises ProtocolError (kind "too_deep") if it nests deeper than
     ``max_depth``, ProtocolError (kind "invalid_json") for anything else
@@ -220,7 +253,9 @@ def loads(data: Received, max_depth: int = DEFAULT_LIMITS.max_json_depth) -> Any
         text = str(data, "utf-8", "replace")
         # brackets and quotes are ASCII: the same count before and after decoding
         if text.count("[") + text.count("{") > max_depth:
+            text = ""  # not held during the pre-scan: a refused frame costs one copy less
             _check_depth(bytes(data), max_depth)
+            text = str(data, "utf-8", "replace")
         return _DECODER.decode(text)
     except ProtocolError:
         raise
@@ -290,7 +325,12 @@ class Signer:
         self.key = key
         self.scheme = scheme
         self._digest = name
-        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        # the replay guard: the first 128 bits of each remembered signature,
+        # as an int in a set, oldest first in a deque (about 85 bytes each, a
+        # full window 5.3 MiB; the whole hex signature in an OrderedDict was
+        # about 200, 12.5 MiB: docs/robustness.md, "Memory of dropped input")
+        self._seen: set[int] = set()
+        self._order: deque[int] = deque()
         self._window = replay_window
 
     @property
@@ -325,17 +365,31 @@ class Signer:
         expected = self.sign(parts)
         if not hmac.compare_digest(expected, signature):  # a view as it is: no copy
             raise ProtocolError("bad message signature", "bad_signature")
-        if bytes(signature) in self._seen:
+        if _replay_key(signature) in self._seen:
             raise ProtocolError("replayed message signature", "replayed")
 
     def remember(self, signature: Received) -> None:
         """Record an accepted message's signature against replay (bounded:
-        the most recent ``replay_window``)."""
+        the most recent ``replay_window``). Kept: 128 bits of it, not the
+        frame: a different message matches them by chance with probability
+        2**-128 per remembered signature, and without the key no peer can
+        make one that does."""
         if not self.key:
             return
-        self._seen[bytes(signature)] = None
-        if len(self._seen) > self._window:
-            self._seen.popitem(last=False)
+        key = _replay_key(signature)
+        if key in self._seen:  # the guard's caller verified it first; kept once
+            return
+        self._seen.add(key)
+        self._order.append(key)
+        if len(self._order) > self._window:
+            self._seen.discard(self._order.popleft())
+
+
+def _replay_key(signature: Received) -> int:
+    """What the replay guard keeps of a verified signature: its first
+    :data:`_REPLAY_KEY_HEX` hex digits as an int (lowercase hex: it equalled
+    :meth:`Signer.sign`'s output)."""
+    return int(bytes(signature[:_REPLAY_KEY_HEX]), 16)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,21 @@ nested frames, back to +15 MiB after ``malloc_trim``; docs/robustness.md).
 
 :class:`HeapTrimmer` counts the bytes of dropped input and calls glibc's
 ``malloc_trim(0)`` once enough has been dropped, at most once per
-``min_interval``. Elsewhere (musl, macOS) it does nothing. Runs on: the
-io run (the channel tasks call it); ``malloc_trim`` takes the allocator's
-locks for a few milliseconds.
+``min_interval``. Elsewhere (musl, macOS) it does nothing.
+
+What it cannot return: the top of a thread's arena. ``malloc_trim`` gives
+back free pages inside every arena but shrinks only the main arena's top;
+a thread arena's top shrinks on ``free`` once it is over glibc's trim
+threshold, which grows to twice the largest freed mmapped block (up to
+64 MiB). So what the io thread allocated at its busiest stays resident
+(13 MiB after 100,000-deep frames, when the depth pre-scan made an
+object per string literal; issue 26, docs/robustness.md "Memory of
+dropped input"): the io thread's work on dropped input keeps its
+transient memory near the frame's size instead (wire.py
+``_check_depth``).
+
+Runs on: the io run (the channel tasks call it); ``malloc_trim`` takes the
+allocator's locks for a few milliseconds.
 """
 
 from __future__ import annotations

@@ -59,6 +59,29 @@ class TrikernelComm(BaseComm):
         bufs = tuple(bytes(b) for b in buffers) if buffers else ()
         TrikernelComm.publisher.send(msg_type, content, metadata, bufs)
 
+    def close(
+        self,
+        data: MaybeDict = None,
+        metadata: MaybeDict = None,
+        buffers: BuffersType = None,
+        deleting: bool = False,
+    ) -> None:
+        """``comm.base_comm.BaseComm.close``: publish ``comm_close`` and unregister the comm,
+        which is unregistered even if the publish raises. BaseComm marks the comm closed
+        before it publishes and unregisters it after: an interrupt landing in the publish
+        (the fuzzer's interrupt_request during a comm_open of an unknown target, whose
+        handler closes the comm) left a closed comm registered for the kernel's life,
+        listed by every ``comm_info_reply``. Any thread but the io thread."""
+        if self._closed:
+            return
+        try:
+            super().close(data, metadata, buffers, deleting)
+        finally:
+            if not deleting:  # deleting: __del__ of a comm that is no longer registered
+                manager = comm.get_comm_manager()
+                if manager.comms.get(self.comm_id) is self:
+                    del manager.comms[self.comm_id]
+
     def handle_msg(self, msg: dict[str, Any]) -> None:
         # ipykernel brackets comm callbacks with pre/post_execute so that
         # e.g. matplotlib figures made in a widget callback are flushed.
