@@ -166,6 +166,21 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             fcntl.flock(room, fcntl.LOCK_UN)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Keep each phase's report on the item (``item.rep_setup``, ``rep_call``,
+    ``rep_teardown``): a fixture shared by several tests reads in its teardown
+    whether the test failed (:func:`failed`)."""
+    outcome = yield
+    setattr(item, f"rep_{call.when}", outcome.get_result())
+
+
+def failed(request: pytest.FixtureRequest) -> bool:
+    """Whether the test ``request`` belongs to failed in its setup or its call
+    (read in a function-scoped fixture's teardown)."""
+    return any(getattr(getattr(request.node, f"rep_{when}", None), "failed", False) for when in ("setup", "call"))
+
+
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 DEBUG_TYPES = frozenset({"debug_request", "debug_reply", "debug_event"})
 
