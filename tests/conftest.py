@@ -472,6 +472,28 @@ def wait_for_marker(kc: BlockingKernelClient, msg_id: str, marker: str = "STARTE
             seen += m["content"]["text"]
 
 
+#: A cell that leaves a SIGINT stuck before a blocking call on purpose: a thread
+#: trips SIGINT (``_thread.interrupt_main``: Python's C-level handler's effect,
+#: without a signal, so nothing returns EINTR) once the main thread is at the
+#: ``time.sleep(600)``, inside it or about to enter it. That is the state a real
+#: SIGINT leaves when it lands after CPython's last check for signals and before
+#: the sleep begins (user/sigwatch.py): the cell slept its 600 s before the kernel
+#: nudged the main thread.
+STUCK_SIGINT_CELL = """\
+import _thread, sys, threading, time
+cell = sys._getframe().f_code.co_filename  # each statement runs in a frame of its own
+def trip():
+    main = threading.main_thread().ident
+    while not ((f := sys._current_frames().get(main)) and f.f_code.co_filename == cell and f.f_lineno == 10):
+        time.sleep(0.001)
+    _thread.interrupt_main()
+threading.Thread(target=trip, daemon=True).start()
+print('STARTED', flush=True)
+time.sleep(600)
+"""
+assert STUCK_SIGINT_CELL.splitlines()[9] == "time.sleep(600)"
+
+
 def stdout_of(outputs: list[dict[str, Any]], name: str = "stdout") -> str:
     return "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == name)
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from conftest import (
+    STUCK_SIGINT_CELL,
     TIMEOUT,
     collect_outputs,
     execute,
@@ -461,6 +462,21 @@ def test_qt_hosted_cell_prints_and_is_interrupted(qt_kernel, body):
     )
     collect_outputs(kc, msg_id)
     Streams(kc).wait_for(msg_id, "STILL HOSTED")
+
+
+@needs_qt
+def test_qt_hosted_sigint_stuck_before_a_blocking_call_still_stops_it(qt_kernel):
+    """CI's failure of the sync case above: its SIGINT landed just before the
+    cell's time.sleep began, and the reply came when the sleep ended
+    (test_trio.py has the plain run's case, user/sigwatch.py the mechanism).
+    With Qt hosting the run the nudge works the same; before, 600 s."""
+    _km, kc = qt_kernel
+    ok(kc, "%gui qt")
+    msg_id = kc.execute(STUCK_SIGINT_CELL)
+    reply = reply_of(kc, msg_id)
+    assert (reply["content"]["status"], reply["content"]["ename"]) == ("error", "KeyboardInterrupt")
+    collect_outputs(kc, msg_id)
+    ok(kc, "assert guestrun.current().host.name == 'qt'")
 
 
 @needs_qt
