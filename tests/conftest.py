@@ -166,6 +166,21 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             fcntl.flock(room, fcntl.LOCK_UN)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Keep each phase's report on the item (``item.rep_setup``, ``rep_call``,
+    ``rep_teardown``): a fixture shared by several tests reads in its teardown
+    whether the test failed (:func:`failed`)."""
+    outcome = yield
+    setattr(item, f"rep_{call.when}", outcome.get_result())
+
+
+def failed(request: pytest.FixtureRequest) -> bool:
+    """Whether the test ``request`` belongs to failed in its setup or its call
+    (read in a function-scoped fixture's teardown)."""
+    return any(getattr(getattr(request.node, f"rep_{when}", None), "failed", False) for when in ("setup", "call"))
+
+
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 DEBUG_TYPES = frozenset({"debug_request", "debug_reply", "debug_event"})
 
@@ -613,6 +628,28 @@ def wait_for_marker(kc: BlockingKernelClient, msg_id: str, marker: str = "STARTE
         m = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
         if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream":
             seen += m["content"]["text"]
+
+
+#: A cell that leaves a SIGINT stuck before a blocking call on purpose: a thread
+#: trips SIGINT (``_thread.interrupt_main``: Python's C-level handler's effect,
+#: without a signal, so nothing returns EINTR) once the main thread is at the
+#: ``time.sleep(600)``, inside it or about to enter it. That is the state a real
+#: SIGINT leaves when it lands after CPython's last check for signals and before
+#: the sleep begins (user/sigwatch.py): the cell slept its 600 s before the kernel
+#: nudged the main thread.
+STUCK_SIGINT_CELL = """\
+import _thread, sys, threading, time
+cell = sys._getframe().f_code.co_filename  # each statement runs in a frame of its own
+def trip():
+    main = threading.main_thread().ident
+    while not ((f := sys._current_frames().get(main)) and f.f_code.co_filename == cell and f.f_lineno == 10):
+        time.sleep(0.001)
+    _thread.interrupt_main()
+threading.Thread(target=trip, daemon=True).start()
+print('STARTED', flush=True)
+time.sleep(600)
+"""
+assert STUCK_SIGINT_CELL.splitlines()[9] == "time.sleep(600)"
 
 
 def stdout_of(outputs: list[dict[str, Any]], name: str = "stdout") -> str:

@@ -17,9 +17,11 @@ from test_gui import (  # noqa: F401  (fixtures)
     needs_tk,
     ok,
     qt_kernel,
+    qt_shared,
     reply_of,
     stdout_of,
     tk_kernel,
+    tk_shared,
     wait_for_marker,
     xvfb_display,
 )

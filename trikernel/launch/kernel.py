@@ -114,6 +114,7 @@ class Kernel:
         self.subshells = SubshellRegistry()
         self.user_run.on_interrupt = self._interrupt_subshells
         parse = InboundParser(signer, self.bad_input, config.wire_limits, strict=strict, message_log=message_log)
+        self.heap = parse.heap
         self.stdin = StdinBridge(builder, parse, iopub=self.queue)
         self.iopub = IOPubTask(
             bound.sockets["iopub"],
@@ -198,6 +199,9 @@ class Kernel:
         bad = self.bad_input.statistics()
         stats["malformed_dropped"] = bad.dropped
         stats["malformed_by_kind"] = bad.by_kind
+        heap = self.heap.statistics()
+        stats["heap_trims"] = heap.trims
+        stats["heap_trim_due"] = heap.trim_due
         stats.update({f"fd_{k}": v for k, v in fdcapture.statistics().__dict__.items()})
         if collector.COLLECTOR is not None:
             stats.update({f"gc_{k}": v for k, v in collector.COLLECTOR.statistics.items()})

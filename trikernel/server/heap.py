@@ -32,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
@@ -65,6 +66,18 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return fn
 
 
+@dataclass(frozen=True)
+class HeapStatistics:
+    """What :meth:`HeapTrimmer.statistics` returns."""
+
+    #: times ``malloc_trim`` ran
+    trims: int
+    #: input was dropped since :meth:`HeapTrimmer.run` last trimmed: the trim
+    #: that returns the rest of a burst is still to come (within two
+    #: ``min_interval``); False once it ran, and always where nothing is trimmed
+    trim_due: bool
+
+
 class HeapTrimmer:
     """Returns free heap to the OS after ``after_bytes`` of dropped input."""
 
@@ -76,6 +89,10 @@ class HeapTrimmer:
         self._owed = False  # input was dropped since the last trim by run()
         self._last = -min_interval
         self._trim = _malloc_trim()
+
+    def statistics(self) -> HeapStatistics:
+        """The trims so far and whether one is due (any thread: plain reads)."""
+        return HeapStatistics(self.trims, self._owed)
 
     def dropped(self, nbytes: int) -> None:
         """Count ``nbytes`` of input that was dropped and freed; trim when due."""

@@ -8,7 +8,8 @@ does with it.
   state: messages sent, waits on full subscribers, fallback drops,
   coalescing, messages dropped at shutdown) and ``malformed_dropped``: bad
   input from peers dropped or refused since start-up (badinput.py), with
-  ``malformed_by_kind`` per channel and kind; ``%trikernel --return`` also
+  ``malformed_by_kind`` per channel and kind, ``heap_trims`` and
+  ``heap_trim_due`` (server/heap.py); ``%trikernel --return`` also
   returns them as a dict. ``%trikernel log [N]``: the last N (default 20)
   lines of the ``--message-log``, one row per message (messagelog.py).
 - ``%connect_info``: this kernel's connection info and how to attach

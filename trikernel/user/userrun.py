@@ -51,7 +51,7 @@ import trio
 
 from trikernel.core.job import Job
 from trikernel.errors import KernelShuttingDown
-from trikernel.user import guestrun
+from trikernel.user import guestrun, sigwatch
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -99,6 +99,8 @@ class UserRun:
         self._send: trio.MemorySendChannel[Job | _Stop] | None = None
         self._concurrent_send: trio.MemorySendChannel[Job] | None = None
         self._trio_sigint: Any = None  # trio's SIGINT handler (wrapped), once the run is up
+        #: the watch for a SIGINT stuck before a blocking call (sigwatch.py), main run only
+        self._sigwatch: sigwatch.SigintWatch | None = None
         #: held while deciding whether a job may be interrupted and raising it
         #: (interrupt), and while a job stops being interruptible
         #: (_end_of_job): an asynchronous KeyboardInterrupt is never raised in
@@ -261,6 +263,7 @@ class UserRun:
 
         if self.on_main_thread:
             self._trio_sigint = self._wrap_sigint(signal.getsignal(signal.SIGINT))  # trio.run installed it
+            self._sigwatch = sigwatch.SigintWatch.start(lambda: self._interruptible)
         send, recv = trio.open_memory_channel[Job | _Stop](SEQ_BUFFER)
         # bounded by the io side (core/kernelcore.py CONCURRENT_LIMIT), so never full
         concurrent_send, concurrent_recv = trio.open_memory_channel[Job](math.inf)
@@ -288,6 +291,9 @@ class UserRun:
                     await self._serve_jobs(recv)
                 nursery.cancel_scope.cancel()
         finally:
+            watch, self._sigwatch = self._sigwatch, None
+            if watch is not None:
+                watch.close()  # trio's wakeup fd back before trio closes it
             self.stopped.set()
 
     @trio.lowlevel.enable_ki_protection
@@ -335,6 +341,9 @@ class UserRun:
             return trio_handler
 
         def handler(signum: int, frame: Any) -> None:
+            watch = self._sigwatch
+            if watch is not None:
+                watch.handler_ran()  # this SIGINT is not stuck (sigwatch.py)
             asked = self._asked
             fresh, self._told = asked != self._told, asked
             resent, self._resent = self._resent, False
