@@ -52,6 +52,7 @@ import ctypes
 import gc
 import logging
 import os
+import signal
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -186,6 +187,7 @@ class Collector:
     def _poll(self) -> None:
         """Every POLL_INTERVAL (up to POLL_INTERVAL_IDLE while little is
         made): is a collection due? Then have the main thread run it."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # SIGINT is the main thread's
         interval = POLL_INTERVAL
         while not self._stop.wait(interval):
             try:
