@@ -9,10 +9,17 @@ main thread, by the user side's set-up, and read from any thread).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "nursery"]
+__all__ = ["PARENT_AT_START", "__version__", "nursery"]
+
+#: ``os.getppid()`` as the package was first imported: ``python -m trikernel``
+#: reads it within milliseconds of being launched, before the seconds that
+#: loading the kernel takes on a busy machine, in which its launcher may
+#: die (server/iorun.py, ``JPY_PARENT_PID``).
+PARENT_AT_START = os.getppid()
 
 #: The user nursery (set by the kernel at start-up; None outside a kernel).
 nursery: Any = None

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from trikernel import PARENT_AT_START
 from trikernel.threads import not_traced
 
 if TYPE_CHECKING:
@@ -178,9 +179,13 @@ class IORun:
         """Shut down when the launching process dies (``JPY_PARENT_PID``).
 
         ipykernel's rule: watched only when it names this process's parent
-        at start-up. Wrappers and gateway bootstrap scripts set it to some
-        other process; then it says nothing about our launcher, and it is
-        ignored (a debug line says so).
+        at start-up — the parent the process had as the package was first
+        imported (``trikernel.PARENT_AT_START``), not when this task starts:
+        loading the kernel takes seconds on a busy machine, and a launcher
+        that died meanwhile left a kernel that never exited (seen in the
+        loaded suite, ``test_exits_when_launcher_dies``). Wrappers and
+        gateway bootstrap scripts set it to some other process; then it says
+        nothing about our launcher, and it is ignored (a debug line says so).
         """
         raw = os.environ.get("JPY_PARENT_PID", "")
         try:
@@ -189,13 +194,13 @@ class IORun:
             return
         if ppid <= 1:
             return
-        if os.getppid() != ppid:
-            log.debug("JPY_PARENT_PID=%d is not this process's parent (%d); not watched", ppid, os.getppid())
+        if ppid != PARENT_AT_START:
+            log.debug("JPY_PARENT_PID=%d is not this process's parent (%d); not watched", ppid, PARENT_AT_START)
             return
         assert self._shutdown is not None
         while True:
-            await trio.sleep(self._p.parent_poll_interval)  # no event tells us the parent is gone
-            if os.getppid() != ppid:
+            if os.getppid() != ppid:  # also gone before this task started
                 log.warning("launching process %d is gone; shutting down", ppid)
                 self._shutdown.set()
                 return
+            await trio.sleep(self._p.parent_poll_interval)  # no event tells us the parent is gone
