@@ -549,6 +549,7 @@ def test_nodrop_waits_for_slow_subscriber_without_loss(rig_factory: Any) -> None
     trio.run(main)
 
 
+@pytest.mark.timeout(300)  # a hang bound above read_until's own (120 s): 4 s idle, past 60 s at load 20
 def test_stuck_subscriber_falls_back_live_one_gets_all(rig_factory: Any, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="trikernel.iopub")
     # SNDHWM 500: the live reader (this same trio run) may fall that far behind
