@@ -472,6 +472,11 @@ def summarise(thr: dict[str, Any], burst: dict[str, Any], kernels: list[str], ar
     return s
 
 
+def _pct(share: float) -> str:
+    """``share`` (0..1) as a percentage; n/a when there was no trial."""
+    return "n/a" if math.isnan(share) else f"{share * 100:.0f}%"
+
+
 def _loss(received: list[int], expected: int, idle: list[bool]) -> str:
     if not received:
         return "n/a"
@@ -593,9 +598,9 @@ def report(s: dict[str, Any], kernels: list[str], args: Any) -> str:
         [
             [
                 label(k),
-                fmt(s[k]["comm_client_cpu_share"] * 100, 0) + "%",
-                fmt(s[k]["stream_client_cpu_share"] * 100, 0) + "%",
-                fmt(s[k]["comm_in_client_cpu_share"] * 100, 0) + "%",
+                _pct(s[k]["comm_client_cpu_share"]),
+                _pct(s[k]["stream_client_cpu_share"]),
+                _pct(s[k]["comm_in_client_cpu_share"]),
                 fmt(s[k]["comm_in_kernel_cpu"], 2),
             ]
             for k in kernels
