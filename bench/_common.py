@@ -416,8 +416,25 @@ def write_json(path: pathlib.Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=1, default=str))
 
 
+def _trikernel_python_flags() -> list[str]:
+    """The interpreter flags of the installed ``trikernel`` kernelspec (those between the
+    interpreter and ``-m``, e.g. ``-Xfrozen_modules=off``), so that a baseline starts the way
+    the checkout's kernel does; [] if there is no such kernelspec."""
+    try:
+        argv = KernelSpecManager().get_kernel_spec("trikernel").argv
+    except NoSuchKernel:
+        return []
+    return list(argv[1 : argv.index("-m")]) if "-m" in argv else []
+
+
 def baseline_kernelspec(rev: str, root: pathlib.Path) -> str:
-    """A kernelspec that runs trikernel as of git revision ``rev``; returns its name."""
+    """A kernelspec that runs trikernel as of git revision ``rev``; returns its name.
+
+    ``git archive`` of ``trikernel/`` into ``root/src-SHORT``, first on ``sys.path``; this
+    interpreter with the installed ``trikernel`` kernelspec's interpreter flags (start-up
+    figures compare like with like). The kernelspec lands in ``root/kernels/trikernel-SHORT``:
+    put ``root`` first on ``JUPYTER_PATH``.
+    """
     short = subprocess.run(
         ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", rev], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -435,10 +452,25 @@ def baseline_kernelspec(rev: str, root: pathlib.Path) -> str:
         "runpy.run_module('trikernel', run_name='__main__', alter_sys=True)"
     )
     spec = {
-        "argv": [sys.executable, "-c", boot, "-f", "{connection_file}"],
+        "argv": [sys.executable, *_trikernel_python_flags(), "-c", boot, "-f", "{connection_file}"],
         "display_name": name,
         "language": "python",
         "metadata": {"supported_encryption": ["curve"]},
     }
     (d / "kernel.json").write_text(json.dumps(spec))
     return name
+
+
+def baseline_kernelspecs(revs: Sequence[str], root: pathlib.Path) -> list[str]:
+    """:func:`baseline_kernelspec` for each of ``revs``, and ``root`` put first on
+    ``JUPYTER_PATH`` (of this process and of those it starts) so that KernelManager finds
+    them; returns their names, in the order given."""
+    names = [baseline_kernelspec(rev, root) for rev in revs]
+    if names:
+        os.environ["JUPYTER_PATH"] = str(root) + os.pathsep + os.environ.get("JUPYTER_PATH", "")
+    return names
+
+
+def with_baselines(kernels: Sequence[str], bases: Sequence[str]) -> list[str]:
+    """``kernels`` with ``bases`` placed right after the first (trikernel), as latency.py shows them."""
+    return [*kernels[:1], *bases, *kernels[1:]]

@@ -14,42 +14,71 @@ Measures, per kernel, with real kernels in subprocesses driven by jupyter_client
     (``KernelManager(transport_encryption="required")``); one fresh kernel
     per trial; comm_open, display_data and idle counted.
 
-(a) and (b) run in one warm kernel per kernelspec after a small warm-up
-cell; trials are interleaved across kernels. Reported: median (and best)
-of the trials, trikernel / ipykernel ratios, every loss. Nothing is
-asserted.
+(d) comm in: client -> kernel comm_msg/s. The client opens a comm (target
+    ``bench_in``) and, once the kernel's target has answered, sends M
+    (5000) ``comm_msg`` back to back on shell (signed before the clock
+    starts, so the client's cost is one ``send_multipart`` each); the
+    comm's ``on_msg`` appends ``(i, time.perf_counter())`` and, at the Mth,
+    answers with a ``comm_msg`` carrying the span first -> last ``on_msg``
+    and the count of out-of-order arrivals (an ``i`` lower than the one
+    handled before it). Two rates: M / that span (in the kernel) and M /
+    (first send -> the answer read on IOPub) (at the client).
+
+(a), (b) and (d) run in one warm kernel per kernelspec after a small
+warm-up; trials are interleaved across kernels. Reported: median (and
+best) of the trials, trikernel / ipykernel ratios (and, with
+``--baseline``, each trikernel / the first baseline), every loss. Nothing
+is asserted.
+
+``--baseline REV ...`` adds trikernel as of each git revision (``git
+archive`` of ``trikernel/`` on ``sys.path``, bench/_common.py
+``baseline_kernelspec``), next to the checkout's own, in (a), (b), (d)
+and, unless ``--burst-reps 0``, (c).
 
 Usage: python bench/iopub.py [--reps 3] [--kernels trikernel python3 xpython]
-       [--comms 20000] [--lines 200000] [--buttons 1000] [--json PATH]
+       [--comms 20000] [--lines 200000] [--comm-msgs 5000] [--buttons 1000]
+       [--baseline REV ...] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import pathlib
+import shutil
 import sys
+import tempfile
 import time
+import uuid
 from typing import Any
 
 import zmq
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from _common import (
     RESULTS_DIR,
     CellRun,
     available_kernels,
+    baseline_kernelspecs,
+    drain_iopub,
     fmt,
     kernel,
     kernel_spec_supports_curve,
     label,
+    machine,
     md_table,
     median,
     patched_kernelspec,
+    psutil_error,
     quick_exec,
     ratio,
     run_cell,
     start_kernel,
+    versions,
+    with_baselines,
     write_json,
 )
 
@@ -66,6 +95,23 @@ STREAM_SETUP = "_bench_line = 'x' * 60"
 STREAM_CELL = T0 + "for _ in range({n}):\n    print(_bench_line)" + T1
 BURST_SETUP = "from ipywidgets import Button, GridBox\nfrom IPython.display import display"
 BURST_CELL = T0 + "display(GridBox([Button(description=str(i)) for i in range({n})]))" + T1
+#: (d): the comm target the client opens; ``n`` comes in the comm_open's data.
+COMM_IN_TARGET = "bench_in"
+COMM_IN_SETUP = f"""
+import comm as _bench_comm
+_bench_in = {{}}
+def _bench_in_target(c, open_msg):
+    n = open_msg["content"]["data"]["n"]
+    got = _bench_in[c.comm_id] = []
+    def on_msg(msg):
+        got.append((msg["content"]["data"]["i"], _bench_time.perf_counter()))
+        if len(got) == n:
+            late = sum(1 for a, b in zip(got, got[1:]) if b[0] < a[0])
+            c.send({{"done": n, "span": got[-1][1] - got[0][1], "late": late}})
+    c.on_msg(on_msg)
+    c.send({{"ready": n}})
+_bench_comm.get_comm_manager().register_target({COMM_IN_TARGET!r}, _bench_in_target)
+"""
 
 
 def _log(msg: str) -> None:
@@ -82,21 +128,123 @@ def _summ(run: CellRun) -> str:
     )
 
 
-# -- (a) + (b): warm kernels --------------------------------------------------
+# -- (d): client -> kernel comm_msg --------------------------------------------
 
 
-def bench_throughput(kernels: list[str], reps: int, n_comms: int, n_lines: int) -> dict[str, Any]:
-    out: dict[str, Any] = {k: {"comm": [], "stream": [], "errors": []} for k in kernels}
+def _wait_comm_msg(kc: Any, comm_id: str, key: str, timeout: float) -> dict[str, Any] | None:
+    """Read IOPub raw until a comm_msg of ``comm_id`` whose data has ``key``; its data, or None
+    after ``timeout`` s. Only comm_msg contents are parsed (the N busy/idle pairs are skipped
+    by their header)."""
+    sock = kc.iopub_channel.socket
+    cid = comm_id.encode()
+    deadline = time.perf_counter() + timeout
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0 or not sock.poll(max(1, int(left * 1000))):
+            return None
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            parts = frames[frames.index(b"<IDS|MSG>") + 1 :]
+            if b'"comm_msg"' not in parts[1] or cid not in parts[4]:
+                continue
+            content = json.loads(parts[4])
+            if content.get("comm_id") == comm_id and key in (content.get("data") or {}):
+                return dict(content["data"])
+
+
+def comm_in_trial(k: Any, n: int, timeout: float = 120.0, ready_timeout: float = 30.0) -> dict[str, Any]:
+    """One (d) trial on kernel ``k``: open a fresh comm, send ``n`` comm_msg, wait for the answer.
+
+    Returns ``ok``, ``client_s`` (first send -> the answer read), ``send_s`` (first -> last
+    send returned), ``kernel_span_s`` (first -> last ``on_msg``, in the kernel), ``late``
+    (out-of-order arrivals), ``handled`` (when no answer came: how many the kernel had),
+    kernel and client CPU seconds (psutil, process_time) and a ``note``.
+    """
+    kc = k.kc
+    session = kc.session
+    shell = kc.shell_channel.socket
+    cid = uuid.uuid4().hex
+    res: dict[str, Any] = {"ok": False, "n": n, "note": ""}
+    drain_iopub(kc)
+    session.send(shell, "comm_open", {"comm_id": cid, "target_name": COMM_IN_TARGET, "data": {"n": n}})
+    if _wait_comm_msg(kc, cid, "ready", ready_timeout) is None:
+        res["note"] = "the comm target never answered the comm_open"
+        return res
+    msgs = [session.serialize(session.msg("comm_msg", {"comm_id": cid, "data": {"i": i}})) for i in range(n)]
+    kproc = None
+    kcpu0 = 0.0
+    try:
+        import psutil
+
+        if k.pid is not None:
+            kproc = psutil.Process(k.pid)
+            ct = kproc.cpu_times()
+            kcpu0 = ct.user + ct.system
+    except (ImportError, OSError, psutil_error()):
+        kproc = None
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    for frames in msgs:
+        shell.send_multipart(frames)
+    res["send_s"] = time.perf_counter() - t0
+    done = _wait_comm_msg(kc, cid, "done", timeout)
+    res["client_s"] = time.perf_counter() - t0
+    res["client_cpu"] = time.process_time() - cpu0
+    if kproc is not None:
+        try:
+            ct = kproc.cpu_times()
+            res["kernel_cpu"] = ct.user + ct.system - kcpu0
+        except (OSError, psutil_error()):
+            pass
+    if done is None:
+        res["note"] = f"no answer within {timeout:.0f}s"
+        r = run_cell(kc, "pass", user_expressions={"n": f"len(_bench_in.get({cid!r}, ()))"})
+        res["handled"] = r.user_expressions.get("n")
+    else:
+        res["ok"] = True
+        res["kernel_span_s"] = float(done["span"])
+        res["late"] = int(done["late"])
+        res["handled"] = int(done["done"])
+    session.send(shell, "comm_close", {"comm_id": cid, "data": {}})
+    return res
+
+
+def _summ_in(r: dict[str, Any]) -> str:
+    return (
+        f"client {fmt(r.get('client_s'), 3)}s (sends {fmt(r.get('send_s'), 3)}s) kernel span "
+        f"{fmt(r.get('kernel_span_s'), 3)}s late={r.get('late')} handled={r.get('handled')}/{r['n']} "
+        f"kernel_cpu={fmt(r.get('kernel_cpu'))}s client_cpu={fmt(r.get('client_cpu'))}s {r['note']}"
+    )
+
+
+# -- (a) + (b) + (d): warm kernels ---------------------------------------------
+
+
+def bench_throughput(kernels: list[str], reps: int, n_comms: int, n_lines: int, n_in: int = 0) -> dict[str, Any]:
+    out: dict[str, Any] = {k: {"comm": [], "stream": [], "comm_in": [], "errors": []} for k in kernels}
     live = {}
+    comm_in: list[str] = []  # the kernels whose comm in warm-up worked
     for name in kernels:
         try:
             k = start_kernel(name, log_tag="-throughput")
             quick_exec(k.kc, TIMER_SETUP)
             quick_exec(k.kc, COMM_SETUP)
             quick_exec(k.kc, STREAM_SETUP)
-            # warm-up: small versions of both cells
+            quick_exec(k.kc, COMM_IN_SETUP)
+            # warm-up: small versions of every cell
             run_cell(k.kc, COMM_CELL.format(n=1000), timeout=60)
             run_cell(k.kc, STREAM_CELL.format(n=10000), timeout=60)
+            if n_in:
+                w = comm_in_trial(k, min(n_in, 500), timeout=60, ready_timeout=10)
+                if w["ok"]:
+                    comm_in.append(name)
+                else:  # e.g. xeus-python 0.19: a frontend comm_open never reaches a Python target
+                    out[name]["errors"].append(
+                        f"comm in warm-up failed, no comm in trials: {_summ_in(w)}; log tail:\n{k.log_tail()}"
+                    )
             live[name] = k
         except Exception as exc:  # a bench reports any failure and goes on
             out[name]["errors"].append(f"start/warm-up failed: {exc!r}")
@@ -115,6 +263,14 @@ def bench_throughput(kernels: list[str], reps: int, n_comms: int, n_lines: int) 
                 _log(f"[iopub] stream {label(name):12} rep {rep + 1}: {_summ(r)}")
                 if not r.got_idle:
                     out[name]["errors"].append(f"stream rep {rep + 1}: {r.note}; log tail:\n{k.log_tail()}")
+            for name, k in live.items():
+                if name not in comm_in:
+                    continue
+                ri = comm_in_trial(k, n_in)
+                out[name]["comm_in"].append(ri)
+                _log(f"[iopub] comm in {label(name):11} rep {rep + 1}: {_summ_in(ri)}")
+                if not ri["ok"] or ri.get("late"):
+                    out[name]["errors"].append(f"comm in rep {rep + 1}: {_summ_in(ri)}; log tail:\n{k.log_tail()}")
     finally:
         for k in live.values():
             k.shutdown()
@@ -283,6 +439,17 @@ def summarise(thr: dict[str, Any], burst: dict[str, Any], kernels: list[str], ar
         d["stream_messages"] = [r["counts"].get("stream", 0) for r in stream]
         d["stream_idle"] = [r["got_idle"] for r in stream]
         d["stream_client_cpu_share"] = median(_col(stream, lambda r: r["client_cpu"] / r["elapsed"]))
+        cin = [r for r in t.get("comm_in", []) if r.get("ok")]
+        kin = [r["n"] / r["kernel_span_s"] for r in cin if r["kernel_span_s"] > 0]
+        cli = [r["n"] / r["client_s"] for r in cin]
+        d["comm_in_kernel_rate_median"] = median(kin)
+        d["comm_in_kernel_rate_best"] = max(kin, default=float("nan"))
+        d["comm_in_client_rate_median"] = median(cli)
+        d["comm_in_client_rate_best"] = max(cli, default=float("nan"))
+        d["comm_in_late"] = [r.get("late") for r in t.get("comm_in", [])]
+        d["comm_in_handled"] = [r.get("handled") for r in t.get("comm_in", [])]
+        d["comm_in_client_cpu_share"] = median([r["client_cpu"] / r["client_s"] for r in cin])
+        d["comm_in_kernel_cpu"] = median([r["kernel_cpu"] for r in cin if "kernel_cpu" in r])
         for mode in ("tcp", "curve"):
             runs = b.get(mode, [])
             d[f"burst_{mode}_median"] = median(_col(runs, lambda r: r["elapsed"]))
@@ -305,6 +472,11 @@ def summarise(thr: dict[str, Any], burst: dict[str, Any], kernels: list[str], ar
     return s
 
 
+def _pct(share: float) -> str:
+    """``share`` (0..1) as a percentage; n/a when there was no trial."""
+    return "n/a" if math.isnan(share) else f"{share * 100:.0f}%"
+
+
 def _loss(received: list[int], expected: int, idle: list[bool]) -> str:
     if not received:
         return "n/a"
@@ -318,28 +490,55 @@ def _loss(received: list[int], expected: int, idle: list[bool]) -> str:
 
 def report(s: dict[str, Any], kernels: list[str], args: Any) -> str:
     tri, ipk = s.get("trikernel"), s.get("python3")
-    headers = ["metric"] + [label(k) for k in kernels] + ["trikernel / ipykernel", "target"]
+    bases = [b for b in args.bases if b in s]
+    # with --baseline: each trikernel (the checkout's, the later baselines) over the first baseline
+    vs_base = [k for k in kernels if k == "trikernel" or k in bases[1:]] if bases else []
+    headers = (
+        ["metric"]
+        + [label(k) for k in kernels]
+        + ["trikernel / ipykernel"]
+        + [f"{label(k)} / {label(bases[0])}" for k in vs_base]
+        + ["target"]
+    )
     expected_stream = args.lines * 61
 
     def row(name: str, key: str, digits: int = 2, scale: float = 1.0, target: str = "") -> list[str]:
         vals = [s[k].get(key) for k in kernels]
         cells = [fmt(v * scale if isinstance(v, (int, float)) and not math.isnan(v) else v, digits) for v in vals]
         r = ratio(tri.get(key) if tri else None, ipk.get(key) if ipk else None)
-        return [name, *cells, r, target]
+        rb = [ratio(s[k].get(key), s[bases[0]].get(key)) for k in vs_base]
+        return [name, *cells, r, *rb, target]
 
     rows = [
         row(f"comm_open msg/s, {args.comms} comms (median)", "comm_rate_median", target=">= 3x"),
         row("comm_open msg/s (best)", "comm_rate_best"),
         row(f"stream MB/s, {args.lines} x 60-char lines (median)", "stream_mbs_median", target=">= 2x"),
         row("stream MB/s (best)", "stream_mbs_best"),
-        row(f"burst {args.buttons} buttons, TCP: ms to idle (median)", "burst_tcp_median", 0, 1000, "lower is better"),
-        row(f"burst {args.buttons} buttons, CURVE: ms to idle (median)", "burst_curve_median", 0, 1000),
     ]
-    rows.append(
-        ["burst CURVE / TCP time (same kernel)"]
-        + [ratio(s[k].get("burst_curve_median"), s[k].get("burst_tcp_median")) for k in kernels]
-        + ["", "trikernel <= 1.1x"]
-    )
+    if args.comm_msgs:
+        rows += [
+            row(f"comm_msg in msg/s, {args.comm_msgs} sent, in the kernel (median)", "comm_in_kernel_rate_median"),
+            row("comm_msg in msg/s, in the kernel (best)", "comm_in_kernel_rate_best"),
+            row("comm_msg in msg/s, first send -> all handled, at the client (median)", "comm_in_client_rate_median"),
+            row("comm_msg in msg/s, at the client (best)", "comm_in_client_rate_best"),
+        ]
+    if args.burst_reps:
+        rows += [
+            row(
+                f"burst {args.buttons} buttons, TCP: ms to idle (median)",
+                "burst_tcp_median",
+                0,
+                1000,
+                "lower is better",
+            ),
+            row(f"burst {args.buttons} buttons, CURVE: ms to idle (median)", "burst_curve_median", 0, 1000),
+        ]
+        rows.append(
+            ["burst CURVE / TCP time (same kernel)"]
+            + [ratio(s[k].get("burst_curve_median"), s[k].get("burst_tcp_median")) for k in kernels]
+            + [""] * (1 + len(vs_base))
+            + ["trikernel <= 1.1x"]
+        )
     main = md_table(headers, rows)
 
     lrows = []
@@ -368,6 +567,13 @@ def report(s: dict[str, Any], kernels: list[str], args: Any) -> str:
                 {True: "yes", False: "NO (keys ignored)", None: "n/a"}[d["curve_enforced"]],
             ]
         )
+        lrows[-1].append(
+            ", ".join(
+                f"{h}/{args.comm_msgs} handled, {late} late"
+                for h, late in zip(d["comm_in_handled"], d["comm_in_late"], strict=True)
+            )
+            or "n/a"
+        )
     loss = md_table(
         [
             "kernel",
@@ -377,16 +583,25 @@ def report(s: dict[str, Any], kernels: list[str], args: Any) -> str:
             "burst TCP comm_open",
             "burst CURVE comm_open",
             "CURVE enforced",
+            "comm_msg in, per trial (late: out of order)",
         ],
         lrows,
     )
     cpu = md_table(
-        ["kernel", "client CPU share, comm cell", "client CPU share, stream cell"],
+        [
+            "kernel",
+            "client CPU share, comm cell",
+            "client CPU share, stream cell",
+            "client CPU share, comm_msg in",
+            "kernel CPU s, comm_msg in",
+        ],
         [
             [
                 label(k),
-                fmt(s[k]["comm_client_cpu_share"] * 100, 0) + "%",
-                fmt(s[k]["stream_client_cpu_share"] * 100, 0) + "%",
+                _pct(s[k]["comm_client_cpu_share"]),
+                _pct(s[k]["stream_client_cpu_share"]),
+                _pct(s[k]["comm_in_client_cpu_share"]),
+                fmt(s[k]["comm_in_kernel_cpu"], 2),
             ]
             for k in kernels
         ],
@@ -447,26 +662,48 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernels", nargs="*", default=None)
     p.add_argument("--comms", type=int, default=20000)
     p.add_argument("--lines", type=int, default=200000)
+    p.add_argument("--comm-msgs", type=int, default=5000, help="(d): comm_msg sent to the kernel per trial; 0 skips")
     p.add_argument("--buttons", type=int, default=1000)
+    p.add_argument("--baseline", nargs="*", default=[], help="git revisions of trikernel to compare with")
     p.add_argument("--no-probe", action="store_true", help="skip the CURVE probe of kernelspecs without curve")
     p.add_argument("--json", default=str(RESULTS_DIR / "iopub.json"))
     p.add_argument("--md", default=str(RESULTS_DIR / "iopub.md"))
     args = p.parse_args(argv)
-    kernels = available_kernels(args.kernels)
-    _log(f"[iopub] kernels: {', '.join(kernels)}")
-    t0 = time.monotonic()
-    thr = bench_throughput(kernels, args.reps, args.comms, args.lines)
-    burst = bench_burst(kernels, args.burst_reps, args.buttons)
-    if not args.no_probe:
-        for name in kernels:
-            if not burst[name]["curve_supported"]:
-                burst[name]["curve_probe"] = probe_curve_ignored(name)
-                _log(f"[iopub] curve probe {name}: {burst[name]['curve_probe']}")
+    root = pathlib.Path(tempfile.mkdtemp(prefix="bench-iopub-"))
+    try:
+        args.bases = baseline_kernelspecs(args.baseline, root)
+        kernels = with_baselines(available_kernels(args.kernels), args.bases)
+        _log(f"[iopub] kernels: {', '.join(kernels)}")
+        t0 = time.monotonic()
+        load = {"start": os.getloadavg()}
+        thr = bench_throughput(kernels, args.reps, args.comms, args.lines, args.comm_msgs)
+        burst = bench_burst(kernels, args.burst_reps, args.buttons)
+        if not args.no_probe:
+            for name in kernels:
+                if not burst[name]["curve_supported"]:
+                    burst[name]["curve_probe"] = probe_curve_ignored(name)
+                    _log(f"[iopub] curve probe {name}: {burst[name]['curve_probe']}")
+        load["end"] = os.getloadavg()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     s = summarise(thr, burst, kernels, args)
     text = report(s, kernels, args)
-    text += f"\n\n(iopub bench wall time {time.monotonic() - t0:.0f} s)\n"
-    write_json(__import__("pathlib").Path(args.json), {"raw": {"throughput": thr, "burst": burst}, "summary": s})
-    __import__("pathlib").Path(args.md).write_text(text)
+    text += (
+        f"\n\n(iopub bench wall time {time.monotonic() - t0:.0f} s; load average at start"
+        f" {load['start'][0]:.2f}, at end {load['end'][0]:.2f}; {machine()})\n"
+    )
+    write_json(
+        pathlib.Path(args.json),
+        {
+            "versions": versions(),
+            "machine": machine(),
+            "load": load,
+            "baselines": dict(zip(args.baseline, args.bases, strict=True)),
+            "raw": {"throughput": thr, "burst": burst},
+            "summary": s,
+        },
+    )
+    pathlib.Path(args.md).write_text(text)
     print(text)
     return 0
 

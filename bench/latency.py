@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (
     RESULTS_DIR,
     available_kernels,
-    baseline_kernelspec,
+    baseline_kernelspecs,
     fmt,
     label,
     machine,
@@ -55,6 +55,7 @@ from _common import (
     now_iso,
     start_kernel,
     versions,
+    with_baselines,
     write_json,
 )
 
@@ -222,11 +223,9 @@ def main() -> int:
     ap.add_argument("--json", default=str(RESULTS_DIR / "latency.json"))
     args = ap.parse_args()
     root = pathlib.Path(tempfile.mkdtemp(prefix="bench-latency-"))
-    bases = [baseline_kernelspec(rev, root) for rev in args.baseline]
-    if bases:
-        os.environ["JUPYTER_PATH"] = str(root) + os.pathsep + os.environ.get("JUPYTER_PATH", "")
-    names = available_kernels(args.kernels)
-    names = [*names[:1], *bases, *names[1:]]  # the baselines beside the first (trikernel), with --kernels too
+    bases = baseline_kernelspecs(args.baseline, root)
+    names = with_baselines(available_kernels(args.kernels), bases)  # beside the first (trikernel)
+    load = {"start": os.getloadavg()}
     kernels = {n: start_kernel(n, log_tag="-latency") for n in names}
     clients = {n: RawClient(k.km.get_connection_info()) for n, k in kernels.items()}
     rows: dict[str, dict[str, list[float]]] = {
@@ -251,6 +250,7 @@ def main() -> int:
                 )
         for n, c in clients.items():
             rows[n]["kernel_info (flood)"] = flood_kernel_info(c, args.flood_requests)
+        load["end"] = os.getloadavg()
     finally:
         for c in clients.values():
             c.close()
@@ -275,9 +275,21 @@ def main() -> int:
         *[label(n) for n in names],
         *[f"{label(n)} / {label(base)}" for n in names if n != base],
     ]
-    text = f"# latency ({now_iso()}, {machine()})\n\n" + md_table(headers, table)
+    text = (
+        f"# latency ({now_iso()}, {machine()}; load average at start {load['start'][0]:.2f},"
+        f" at end {load['end'][0]:.2f})\n\n" + md_table(headers, table)
+    )
     print(text)
-    write_json(pathlib.Path(args.json), {"versions": versions(), "results": result})
+    write_json(
+        pathlib.Path(args.json),
+        {
+            "versions": versions(),
+            "machine": machine(),
+            "load": load,
+            "baselines": dict(zip(args.baseline, bases, strict=True)),
+            "results": result,
+        },
+    )
     (RESULTS_DIR / "latency.md").write_text(text + "\n")
     return 0
 

@@ -22,14 +22,28 @@ from _common import RESULTS_DIR, machine, now_iso, versions
 
 BENCH = pathlib.Path(__file__).resolve().parent
 PLAN = {
-    "iopub": (["--reps", "5", "--burst-reps", "5"], 420),
+    # comm_msg in adds ~5 x 3 trials of 2-10 s, and xeus-python's warm-up wait (10 s)
+    "iopub": (["--reps", "5", "--burst-reps", "5"], 540),
     "startup": (["--reps", "10"], 300),
     "memory": ([], 240),
     "fdoutput": (["--reps", "3"], 360),
     "asyncio_cells": (["--requests", "300", "--reps", "7"], 300),
 }
 QUICK = {
-    "iopub": ["--reps", "1", "--burst-reps", "1", "--comms", "2000", "--lines", "20000", "--buttons", "100"],
+    "iopub": [
+        "--reps",
+        "1",
+        "--burst-reps",
+        "1",
+        "--comms",
+        "2000",
+        "--lines",
+        "20000",
+        "--comm-msgs",
+        "500",
+        "--buttons",
+        "100",
+    ],
     "startup": ["--reps", "2", "--crowd", "2x3"],
     "memory": ["--comms", "2000", "--stall", "3", "--idle-seconds", "1"],
     "fdoutput": ["--reps", "1", "--mb", "2", "--cells", "10", "--hang-timeout", "3"],

@@ -25,7 +25,13 @@ comparison, trikernel and ipykernel started classic (port race possible).
 Provisioner parts are skipped with a message when ``trikernel-handshake``
 is not installed or does not work. Nothing is asserted.
 
-Usage: python bench/startup.py [--reps 10] [--crowd 4x10] [--no-crowd]
+``--baseline REV ...`` adds to part 1 trikernel as of each git revision
+(``git archive`` of ``trikernel/`` on ``sys.path``, started with the
+interpreter flags of the installed ``trikernel`` kernelspec: bench/_common.py
+``baseline_kernelspec``), classic, in the same interleaved rounds; the
+table then also gives each trikernel's ratio to the first baseline.
+
+Usage: python bench/startup.py [--reps 10] [--crowd 4x10] [--no-crowd] [--baseline REV ...]
 """
 
 from __future__ import annotations
@@ -37,7 +43,9 @@ import multiprocessing as mp
 import os
 import pathlib
 import queue
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any
@@ -50,11 +58,15 @@ from _common import (
     LOG_DIR,
     RESULTS_DIR,
     available_kernels,
+    baseline_kernelspecs,
     fmt,
     label,
+    machine,
     md_table,
     median,
     ratio,
+    versions,
+    with_baselines,
     write_json,
 )
 
@@ -315,7 +327,13 @@ def crowd(
 # -- report ------------------------------------------------------------------
 
 
-def report(single: dict[str, list[dict[str, Any]]], crowds: list[dict[str, Any]], notes: list[str], reps: int) -> str:
+def report(
+    single: dict[str, list[dict[str, Any]]],
+    crowds: list[dict[str, Any]],
+    notes: list[str],
+    reps: int,
+    bases: list[str] | None = None,
+) -> str:
     rows = []
     med: dict[str, dict[str, float]] = {}
     for key, runs in single.items():
@@ -334,9 +352,14 @@ def report(single: dict[str, list[dict[str, Any]]], crowds: list[dict[str, Any]]
             ]
         )
     base = med.get("python3 classic", {})
+    first = med.get(f"{bases[0]} classic", {}) if bases else {}
     for row, key in zip(rows, single, strict=False):
         row.append(ratio(med[key].get("t_info"), base.get("t_info")))
         row.append(ratio(med[key].get("t_exec"), base.get("t_exec")))
+        if bases:
+            mine = key.startswith(("trikernel ", *(f"{b} " for b in bases)))
+            row.append(ratio(med[key].get("t_info"), first.get("t_info")) if mine else "")
+            row.append(ratio(med[key].get("t_exec"), first.get("t_exec")) if mine else "")
     table = md_table(
         [
             "start",
@@ -347,6 +370,7 @@ def report(single: dict[str, list[dict[str, Any]]], crowds: list[dict[str, Any]]
             "first 1+1 execute_reply, ms",
             "kernel_info vs ipykernel classic",
             "1+1 vs ipykernel classic",
+            *([f"kernel_info vs {bases[0]}", f"1+1 vs {bases[0]}"] if bases else []),
         ],
         rows,
     )
@@ -406,14 +430,25 @@ def main(argv: list[str] | None = None) -> int:
         default=["trikernel", "python3"],
         help="kernelspecs also crowd-started the classic way for comparison (default: trikernel python3)",
     )
+    p.add_argument("--baseline", nargs="*", default=[], help="git revisions of trikernel to compare with")
     p.add_argument("--json", default=str(RESULTS_DIR / "startup.json"))
     p.add_argument("--md", default=str(RESULTS_DIR / "startup.md"))
     args = p.parse_args(argv)
     t_begin = time.monotonic()
+    load = {"start": os.getloadavg()}
+    root = pathlib.Path(tempfile.mkdtemp(prefix="bench-startup-"))
+    try:
+        bases = baseline_kernelspecs(args.baseline, root)
+        return _main(args, bases, t_begin, load)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _main(args: Any, bases: list[str], t_begin: float, load: dict[str, Any]) -> int:
     kernels = available_kernels(args.kernels)
     have_prov, prov_msg = provisioner_status()
     notes: list[str] = []
-    modes = [(k, "classic") for k in kernels]
+    modes = [(k, "classic") for k in with_baselines(kernels, bases)]
     if have_prov:
         _log(f"[startup] provisioner: {prov_msg}")
         # smoke test: does a handshake start work at all?
@@ -448,9 +483,24 @@ def main(argv: list[str] | None = None) -> int:
             c = crowd(k, m, procs, per)
             crowds.append(c)
             _log(f"[startup] crowd {label(k)} {m}: {c['ok']}/{c['requested']} ok, wall {fmt(c.get('wall_all_exec'))}s")
-    text = report(single, crowds, notes, args.reps)
-    text += f"\n\n(startup bench wall time {time.monotonic() - t_begin:.0f} s)\n"
-    write_json(pathlib.Path(args.json), {"single": single, "crowd": crowds, "notes": notes})
+    load["end"] = os.getloadavg()
+    text = report(single, crowds, notes, args.reps, bases)
+    text += (
+        f"\n\n(startup bench wall time {time.monotonic() - t_begin:.0f} s; load average at start"
+        f" {load['start'][0]:.2f}, at end {load['end'][0]:.2f}; {machine()})\n"
+    )
+    write_json(
+        pathlib.Path(args.json),
+        {
+            "versions": versions(),
+            "machine": machine(),
+            "load": load,
+            "baselines": dict(zip(args.baseline, bases, strict=True)),
+            "single": single,
+            "crowd": crowds,
+            "notes": notes,
+        },
+    )
     pathlib.Path(args.md).write_text(text)
     print(text)
     return 0
