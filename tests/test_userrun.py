@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 
 from trikernel.core.job import Job
 from trikernel.errors import JobFailed, KernelShuttingDown
@@ -352,6 +353,41 @@ def test_concurrent_jobs_start_in_the_order_they_were_queued_each_in_a_task_of_i
     drive(script)
     assert order == list(range(300))
     assert leaked == []
+
+
+def test_a_sequential_job_runs_after_the_concurrent_jobs_queued_before_it() -> None:
+    """A cell sees the comm messages sent before it (ipykernel: one shell
+    queue). Found this round: the concurrent jobs started as tasks of their
+    own while the sequential lane ran its job at once, and from an idle
+    kernel a cell ran before the comm_msg sent before it in 251 of 300
+    pairs. Here each concurrent job also awaits (checkpoints) before it
+    records itself, and a concurrent job queued after the sequential one
+    may run while it awaits."""
+    order: list[str] = []
+
+    def concurrent(i: int) -> Callable[[], Awaitable[None]]:
+        async def fn() -> None:
+            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint()
+            order.append(f"c{i}")
+
+        return fn
+
+    async def cell(i: int) -> None:
+        order.append(f"s{i}")
+
+    async def script(io: IoSide) -> None:
+        jobs = []
+        for i in range(30):  # as the io run hands them: one sequential job at a time
+            jobs.append(io.job(concurrent(i), concurrent=True))
+            jobs.append(io.job(lambda i=i: cell(i)))
+            await io.done(jobs[-1])
+        await io.done(*jobs)
+        assert all(j.error is None for j in jobs)
+
+    drive(script)
+    for i in range(30):
+        assert order.index(f"c{i}") < order.index(f"s{i}"), order
 
 
 def test_concurrent_jobs_still_queued_when_the_run_stops_are_finished_as_shutting_down() -> None:
@@ -799,14 +835,20 @@ def test_an_interrupt_of_one_cell_is_not_counted_for_the_next_beside_a_comm_hand
     raised there in a finalizer became an interrupt of it (found by review,
     from the code; this test failed 3 of 5 runs before the fix)."""
     running = threading.Event()
+    handler_running = threading.Event()
+    spinning = threading.Event()
     release = threading.Event()
 
     async def handler() -> None:
+        handler_running.set()
         while not release.is_set():  # noqa: ASYNC110 (a threading.Event the io side sets)
             await trio.sleep(0.01)
 
     async def cell() -> bool:
         running.set()
+        while not handler_running.is_set():  # noqa: ASYNC110 (the handler starts while this awaits)
+            await trio.sleep(0.01)
+        spinning.set()
         return spin_until(threading.Event())
 
     async def next_cell() -> str:
@@ -816,13 +858,17 @@ def test_an_interrupt_of_one_cell_is_not_counted_for_the_next_beside_a_comm_hand
         return "ran on"
 
     async def script(io: IoSide) -> None:
-        comm = io.job(handler, concurrent=True)
         first = io.job(cell)
         await io.wait(running)
+        # queued before the handler, so it does not wait for it (start_job_soon)
+        second = io.job(next_cell)
+        comm = io.job(handler, concurrent=True)
+        await io.wait(spinning)
         io.user_run.interrupt()
         await io.done(first)
         assert isinstance(first.error, KeyboardInterrupt), first.error
-        second = await io.run(next_cell)
+        await io.done(second)
+        assert not release.is_set()  # the handler ran beside both cells
         release.set()
         await io.done(comm)
         assert (second.error, second.result) == (None, "ran on"), second.error

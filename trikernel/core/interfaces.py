@@ -99,8 +99,10 @@ class UserRunHandle(Protocol):
     stopped: threading.Event
 
     def start_job_soon(self, job: Job) -> None:
-        """Queue a sequential job (any thread, non-blocking). Raises
-        KernelShuttingDown when the run is not or no longer running."""
+        """Queue a sequential job (any thread, non-blocking); it runs once
+        the concurrent jobs queued before it have ended (a cell sees the
+        comm messages sent before it). Raises KernelShuttingDown when the
+        run is not or no longer running."""
 
     def start_task_soon(self, job: Job) -> None:
         """Queue a concurrent job (any thread, non-blocking): the run starts

@@ -275,9 +275,12 @@ class KernelCore:
             return
         try:
             if route.lane is Lane.SEQUENTIAL:
-                await lane.send.send(queued if queued is not None else self._arrival(msg, sent))
+                q = queued if queued is not None else self._arrival(msg, sent)
+                q.concurrent_before = lane.concurrent_routed
+                await lane.send.send(q)
             else:
                 await lane.concurrent_send.send(msg)
+                lane.concurrent_routed += 1
         except trio.ClosedResourceError:  # deleted while this waited for room
             await self.bracket(channel, msg, requests.subshell_deleted)
 
@@ -378,7 +381,9 @@ class KernelCore:
         waits for its user run does not hold up the next one's reply), but
         the next starts only once this one's job was handed over, and the
         user run starts its concurrent jobs in the order it got them
-        (``UserRunHandle.start_task_soon``). At most CONCURRENT_LIMIT are
+        (``UserRunHandle.start_task_soon``); the lane's sequential requests
+        that came after one hand their jobs over after it
+        (``SequentialLane.handed_over``). At most CONCURRENT_LIMIT are
         under way at once, all lanes together. A deleted subshell's queued
         requests are answered without running (``subshell_deleted``).
 
@@ -389,12 +394,14 @@ class KernelCore:
             route = route_of("shell", msg.msg_type)
             if lane.deleted:
                 await self.bracket("shell", msg, requests.subshell_deleted)
+                lane.one_handed_over()
                 continue
             borrower = object()
             await self._limiter.acquire_on_behalf_of(borrower)
             handed_over = trio.Event()
             self._nursery.start_soon(self._concurrent, msg, route, borrower, handed_over)
             await handed_over.wait()
+            lane.one_handed_over()  # the lane's sequential requests behind it may hand theirs over
 
     async def _concurrent(self, msg: Message, route: Route, borrower: object, handed_over: trio.Event) -> None:
         """One concurrent request, bracketed; ``handed_over`` is set once its
@@ -425,7 +432,8 @@ class KernelCore:
             Exception: whatever the job raised.
         """
         await _when_set(self._ready)
-        lane = _serving.get() or self.lanes.main
+        serving = _serving.get()
+        lane = serving or self.lanes.main
         await _when_set(lane.ready)
         job = Job(fn, context)
         if concurrent:
@@ -434,6 +442,10 @@ class KernelCore:
             if handed_over is not None:
                 handed_over.set()  # the lane's next concurrent request may follow (_serve_concurrent)
         else:
+            # the lane's own sequential request: the comm messages that came before it first (SequentialLane)
+            queued = lane.current if serving is lane and _handed_over.get() is None else None
+            if queued is not None:
+                await lane.handed_over(queued.concurrent_before)
             lane.user_run.start_job_soon(job)
         await job.done.wait()
         if isinstance(job.error, KeyboardInterrupt):

@@ -38,13 +38,16 @@ class Queued:
     ``seq``: its arrival number on the shell channel; ``arrived``:
     ``trio.current_time()`` when it was read (seconds); ``sent``: its header
     ``date`` in POSIX seconds (the client's clock), or None (absent or
-    unparsable).
+    unparsable); ``concurrent_before``: how many of its lane's concurrent
+    requests (comm messages) were routed before it (set when it is routed):
+    its job is handed over only after theirs (:meth:`SequentialLane.handed_over`).
     """
 
     msg: Message
     seq: int
     arrived: float
     sent: float | None = None
+    concurrent_before: int = 0
 
 
 def posix_time(date: Any) -> float | None:
@@ -195,6 +198,14 @@ class SequentialLane:
     window (per subshell, as ipykernel); ``current``: the request being
     served; ``deleted``: delete_subshell_request came — the queued requests
     are answered without running and the lane ends.
+
+    Order across the two backlogs: a sequential request's job reaches the
+    user run after the jobs of the concurrent requests that came before it
+    on the shell channel (``concurrent_routed`` counts those routed,
+    ``concurrent_handed`` those whose job was handed over or that ended
+    without one), so a cell sees every comm message the frontend sent
+    before it (ipykernel: one shell queue). The user run then runs them in
+    that order (``UserRunHandle.start_job_soon``).
     """
 
     subshell_id: str | None
@@ -207,6 +218,22 @@ class SequentialLane:
     abort: AbortWindow = field(default_factory=AbortWindow)
     current: Queued | None = None
     deleted: bool = False
+    concurrent_routed: int = 0
+    concurrent_handed: int = 0
+    _progress: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+
+    def one_handed_over(self) -> None:
+        """The oldest concurrent request not yet counted has its job in the
+        user run's hands, or ended without one (io run)."""
+        self.concurrent_handed += 1
+        self._progress.unpark_all()
+
+    async def handed_over(self, routed: int) -> None:
+        """Return once the first ``routed`` concurrent requests are handed over (io run).
+
+        Cancellation: a checkpoint only while it waits."""
+        while self.concurrent_handed < routed:
+            await self._progress.park()
 
     @classmethod
     def open(cls, subshell_id: str | None, user_run: UserRunHandle, ready: trio.Event) -> SequentialLane:

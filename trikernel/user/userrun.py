@@ -96,8 +96,14 @@ class UserRun:
         self.busy = False
         self._concurrent = 0  # concurrent jobs (comm handlers) running now
         self.stopping = False
-        self._send: trio.MemorySendChannel[Job | _Stop] | None = None
+        self._send: trio.MemorySendChannel[tuple[Job, int] | _Stop] | None = None
         self._concurrent_send: trio.MemorySendChannel[Job] | None = None
+        #: concurrent jobs queued so far, and those that have ended (or were
+        #: refused): a sequential job waits for the ones queued before it
+        #: (start_job_soon); they end in the order queued (_serve_concurrent)
+        self._concurrent_queued = 0
+        self._concurrent_ended = 0
+        self._concurrent_progress = trio.lowlevel.ParkingLot()
         self._trio_sigint: Any = None  # trio's SIGINT handler (wrapped), once the run is up
         #: the watch for a SIGINT stuck before a blocking call (sigwatch.py), main run only
         self._sigwatch: sigwatch.SigintWatch | None = None
@@ -132,7 +138,10 @@ class UserRun:
 
     # -- thread-safe: called from the io run ------------------------------------
     def start_job_soon(self, job: Job) -> None:
-        """Queue a sequential job (thread-safe, non-blocking).
+        """Queue a sequential job (thread-safe, non-blocking). It runs after
+        the concurrent jobs queued before it (:meth:`start_task_soon`) have
+        ended, so a cell sees the comm messages sent before it, as with
+        ipykernel's one shell queue.
 
         Raises KernelShuttingDown when the user run is not (or no longer)
         running.
@@ -143,7 +152,7 @@ class UserRun:
         if self.stopping:  # queued behind the _Stop marker it would never run
             raise KernelShuttingDown("the user run is stopping")
         try:
-            self.token.run_sync_soon(send.send_nowait, job)
+            self.token.run_sync_soon(self._queue_job, send, job)
         except trio.RunFinishedError:
             raise KernelShuttingDown("the user run has ended") from None
 
@@ -162,13 +171,24 @@ class UserRun:
         except trio.RunFinishedError:
             raise KernelShuttingDown("the user run has ended") from None
 
-    @staticmethod
-    def _queue_concurrent(send: trio.MemorySendChannel[Job], job: Job) -> None:
+    def _queue_job(self, send: trio.MemorySendChannel[tuple[Job, int] | _Stop], job: Job) -> None:
+        """(user run, through its token) Queue ``job`` for :meth:`_serve_jobs`,
+        with the number of concurrent jobs queued before it."""
+        send.send_nowait((job, self._concurrent_queued))
+
+    def _queue_concurrent(self, send: trio.MemorySendChannel[Job], job: Job) -> None:
         """(user run, through its token) Queue ``job`` for :meth:`_serve_concurrent`."""
         try:
             send.send_nowait(job)
         except (trio.BrokenResourceError, trio.ClosedResourceError):  # the run is stopping
             job.refuse("the user run has stopped")
+            return
+        self._concurrent_queued += 1
+
+    def _concurrent_over(self) -> None:
+        """(user run) One more concurrent job ended, or was refused."""
+        self._concurrent_ended += 1
+        self._concurrent_progress.unpark_all()
 
     def stop(self) -> None:
         """Ask the user run to cancel the user nursery and return (thread-safe)."""
@@ -264,7 +284,7 @@ class UserRun:
         if self.on_main_thread:
             self._trio_sigint = self._wrap_sigint(signal.getsignal(signal.SIGINT))  # trio.run installed it
             self._sigwatch = sigwatch.SigintWatch.start(lambda: self._interruptible)
-        send, recv = trio.open_memory_channel[Job | _Stop](SEQ_BUFFER)
+        send, recv = trio.open_memory_channel[tuple[Job, int] | _Stop](SEQ_BUFFER)
         # bounded by the io side (core/kernelcore.py CONCURRENT_LIMIT), so never full
         concurrent_send, concurrent_recv = trio.open_memory_channel[Job](math.inf)
         try:
@@ -297,19 +317,26 @@ class UserRun:
             self.stopped.set()
 
     @trio.lowlevel.enable_ki_protection
-    async def _serve_jobs(self, recv: trio.MemoryReceiveChannel[Job | _Stop]) -> None:
+    async def _serve_jobs(self, recv: trio.MemoryReceiveChannel[tuple[Job, int] | _Stop]) -> None:
         """The sequential lane. KI-protected glue: an interrupt that arrives
         between jobs is delivered at the next checkpoint (inside the next
         job's code, or here while idle, where it is ignored), never in the
-        middle of a hand-off."""
+        middle of a hand-off. A job starts once the concurrent jobs queued
+        before it have ended (:meth:`start_job_soon`)."""
         while True:
             try:
-                job = await recv.receive()
+                item = await recv.receive()
             except KeyboardInterrupt:
                 log.info("interrupt while idle: ignored")
                 continue
-            if isinstance(job, _Stop):
+            if isinstance(item, _Stop):
                 return
+            job, concurrent_before = item
+            while self._concurrent_ended < concurrent_before:
+                try:
+                    await self._concurrent_progress.park()
+                except KeyboardInterrupt:  # meant for the comm handler running now, which has it or ended
+                    log.info("interrupt while a job waited for the comm handlers before it: ignored")
             self._restore_sigint()
             self.busy = True
             try:
@@ -443,6 +470,7 @@ class UserRun:
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
                 job.refuse("the user run stopped before this job ran")
+                self._concurrent_over()
             recv.close()  # later ones: _queue_concurrent refuses them
 
     @trio.lowlevel.enable_ki_protection
@@ -462,6 +490,7 @@ class UserRun:
                 log.info("interrupt raised as a comm handler ended: ignored")
             finally:
                 ended.set()
+                self._concurrent_over()
 
     @property
     def _interruptible(self) -> bool:
