@@ -208,6 +208,22 @@ def test_sync_cells_unaffected(kernel):
     assert result_text(out) == "'asyncio ok'"
 
 
+def test_the_end_of_a_cell_imports_neither_trio_testing_nor_pytest(kernel):
+    """A cell that leaves a task runnable makes the end of the cell wait for
+    it (shell._end_of_cell_checkpoint) with trio's ``wait_all_tasks_blocked``.
+    Taken from ``trio.testing``, it imported pytest (installed here, as in
+    many environments): 93-155 ms on the first such cell, and libraries that
+    look for ``pytest`` in ``sys.modules`` took the kernel for a test run."""
+    _km, kc = kernel
+    reply, out = execute(
+        kc, "import sys\nnursery.start_soon(trio.sleep, 0)\n'pytest' in sys.modules, 'trio.testing' in sys.modules"
+    )
+    ok(reply)
+    assert result_text(out) == "(False, False)"
+    reply, out = execute(kc, "'pytest' in sys.modules, 'trio.testing' in sys.modules")
+    assert result_text(out) == "(False, False)"
+
+
 def test_top_level_await_trio_sleep(kernel):
     _km, kc = kernel
     reply, out = execute(
