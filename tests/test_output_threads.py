@@ -83,19 +83,20 @@ def test_thread_output_while_a_later_cell_runs_is_the_starting_cells(kernel):
 def test_threads_started_by_threads_timer_and_subclasses(kernel):
     _km, kc = kernel
     a = kc.execute(
-        "import threading\n"
+        "import sys, threading\n"
         "go = threading.Event()\n"
         "done = []\n"
+        "say = lambda text: sys.stdout.write(text + '\\n')  # one write: three threads print at once\n"
         "def grandchild():\n"
-        "    go.wait(); print('grandchild')\n"
+        "    go.wait(); say('grandchild')\n"
         "def child():\n"
         "    g = threading.Thread(target=grandchild); g.start(); done.append(g)\n"
         "c = threading.Thread(target=child); c.start(); c.join()\n"
         "class Sub(threading.Thread):\n"
         "    def run(self):\n"
-        "        go.wait(); print('subclass')\n"
+        "        go.wait(); say('subclass')\n"
         "s = Sub(); s.start()\n"
-        "timer = threading.Timer(0.05, lambda: (go.wait(), print('timer')))\n"
+        "timer = threading.Timer(0.05, lambda: (go.wait(), say('timer')))\n"
         "timer.start()\n"
     )
     b = kc.execute("go.set(); done[0].join(); s.join(); timer.join(); print('B')")
