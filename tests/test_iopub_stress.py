@@ -711,5 +711,6 @@ def test_print_flood_is_coalesced_and_exact(kernel: tuple[KernelManager, Validat
     run = (idle["header"]["date"] - busy["header"]["date"]).total_seconds()  # jupyter_client parses dates
     rate = len(streams) / max(run, 1e-3)
     print(f"\nCOALESCING: {len(streams)} stream messages for 10**6 prints in {run:.2f}s ({rate:.0f}/s)")
-    assert len(streams) < 1000
+    # coalesced: a rate, not a count (the count grows with the run's length: 1,023 messages
+    # once in CI for a 10 s run, at about 100 a second, one per STREAM_INTERVAL)
     assert rate < 500, f"{len(streams)} stream messages in {run:.2f}s"
