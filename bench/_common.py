@@ -255,17 +255,7 @@ def run_cell(
     poller.register(shell, zmq.POLLIN)
     run = CellRun(code=code)
     loads = json.loads
-    kproc = None
-    kcpu0 = 0.0
-    if kernel_pid is not None:
-        try:
-            import psutil
-
-            kproc = psutil.Process(kernel_pid)
-            ct = kproc.cpu_times()
-            kcpu0 = ct.user + ct.system
-        except (ImportError, OSError, psutil_error()):
-            kproc = None
+    kernel_cpu = KernelCpu(kernel_pid)
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     msg_id = kc.execute(code, store_history=False, user_expressions=user_expressions or {})
@@ -319,12 +309,7 @@ def run_cell(
     if not run.got_idle:
         run.elapsed = time.perf_counter() - t0
     run.client_cpu = time.process_time() - cpu0
-    if kproc is not None:
-        try:
-            ct = kproc.cpu_times()
-            run.kernel_cpu = ct.user + ct.system - kcpu0
-        except (OSError, psutil_error()):
-            run.kernel_cpu = None  # the kernel exited meanwhile
+    run.kernel_cpu = kernel_cpu.used()
     if run.reply_status is None:
         # collect the reply if it is still coming
         end = time.perf_counter() + 2.0
@@ -371,6 +356,56 @@ def patched_kernelspec(name: str, new_name: str, metadata_update: dict[str, Any]
 
 
 # -- statistics and tables ---------------------------------------------------
+
+
+class KernelCpu:
+    """The CPU seconds (user + system) a kernel process spends from now on.
+
+    ``used()`` gives them, or None when psutil is missing or the process is
+    gone (then, or if ``pid`` is None, nothing is measured)."""
+
+    def __init__(self, pid: int | None):
+        self._proc: Any = None
+        self._start = 0.0
+        if pid is None:
+            return
+        try:
+            import psutil
+
+            self._proc = psutil.Process(pid)
+            ct = self._proc.cpu_times()
+            self._start = ct.user + ct.system
+        except (ImportError, OSError, psutil_error()):
+            self._proc = None
+
+    def used(self) -> float | None:
+        if self._proc is None:
+            return None
+        try:
+            ct = self._proc.cpu_times()
+        except (OSError, psutil_error()):
+            return None  # the kernel exited meanwhile
+        return float(ct.user + ct.system - self._start)
+
+
+def run_record(load: dict[str, Any], revs: Sequence[str], bases: Sequence[str], **parts: Any) -> dict[str, Any]:
+    """What a bench script writes to its ``--json``: versions, machine, the load
+    at start and end, the ``--baseline`` revisions and their kernel names, and ``parts``."""
+    return {
+        "versions": versions(),
+        "machine": machine(),
+        "load": load,
+        "baselines": dict(zip(revs, bases, strict=True)),
+        **parts,
+    }
+
+
+def wall_note(script: str, seconds: float, load: dict[str, Any]) -> str:
+    """The line a bench report ends with: its wall time, the load at its start and end, the machine."""
+    return (
+        f"\n\n({script} bench wall time {seconds:.0f} s; load average at start"
+        f" {load['start'][0]:.2f}, at end {load['end'][0]:.2f}; {machine()})\n"
+    )
 
 
 def psutil_error() -> type[Exception]:

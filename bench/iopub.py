@@ -61,6 +61,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _common import (
     RESULTS_DIR,
     CellRun,
+    KernelCpu,
     available_kernels,
     baseline_kernelspecs,
     drain_iopub,
@@ -68,16 +69,15 @@ from _common import (
     kernel,
     kernel_spec_supports_curve,
     label,
-    machine,
     md_table,
     median,
     patched_kernelspec,
-    psutil_error,
     quick_exec,
     ratio,
     run_cell,
+    run_record,
     start_kernel,
-    versions,
+    wall_note,
     with_baselines,
     write_json,
 )
@@ -174,17 +174,7 @@ def comm_in_trial(k: Any, n: int, timeout: float = 120.0, ready_timeout: float =
         res["note"] = "the comm target never answered the comm_open"
         return res
     msgs = [session.serialize(session.msg("comm_msg", {"comm_id": cid, "data": {"i": i}})) for i in range(n)]
-    kproc = None
-    kcpu0 = 0.0
-    try:
-        import psutil
-
-        if k.pid is not None:
-            kproc = psutil.Process(k.pid)
-            ct = kproc.cpu_times()
-            kcpu0 = ct.user + ct.system
-    except (ImportError, OSError, psutil_error()):
-        kproc = None
+    kernel_cpu = KernelCpu(k.pid)
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     for frames in msgs:
@@ -193,12 +183,9 @@ def comm_in_trial(k: Any, n: int, timeout: float = 120.0, ready_timeout: float =
     done = _wait_comm_msg(kc, cid, "done", timeout)
     res["client_s"] = time.perf_counter() - t0
     res["client_cpu"] = time.process_time() - cpu0
-    if kproc is not None:
-        try:
-            ct = kproc.cpu_times()
-            res["kernel_cpu"] = ct.user + ct.system - kcpu0
-        except (OSError, psutil_error()):
-            pass
+    used = kernel_cpu.used()
+    if used is not None:
+        res["kernel_cpu"] = used
     if done is None:
         res["note"] = f"no answer within {timeout:.0f}s"
         r = run_cell(kc, "pass", user_expressions={"n": f"len(_bench_in.get({cid!r}, ()))"})
@@ -688,20 +675,16 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     s = summarise(thr, burst, kernels, args)
     text = report(s, kernels, args)
-    text += (
-        f"\n\n(iopub bench wall time {time.monotonic() - t0:.0f} s; load average at start"
-        f" {load['start'][0]:.2f}, at end {load['end'][0]:.2f}; {machine()})\n"
-    )
+    text += wall_note("iopub", time.monotonic() - t0, load)
     write_json(
         pathlib.Path(args.json),
-        {
-            "versions": versions(),
-            "machine": machine(),
-            "load": load,
-            "baselines": dict(zip(args.baseline, args.bases, strict=True)),
-            "raw": {"throughput": thr, "burst": burst},
-            "summary": s,
-        },
+        run_record(
+            load,
+            args.baseline,
+            args.bases,
+            raw={"throughput": thr, "burst": burst},
+            summary=s,
+        ),
     )
     pathlib.Path(args.md).write_text(text)
     print(text)

@@ -53,8 +53,8 @@ from _common import (
     machine,
     md_table,
     now_iso,
+    run_record,
     start_kernel,
-    versions,
     with_baselines,
     write_json,
 )
@@ -280,16 +280,7 @@ def main() -> int:
         f" at end {load['end'][0]:.2f})\n\n" + md_table(headers, table)
     )
     print(text)
-    write_json(
-        pathlib.Path(args.json),
-        {
-            "versions": versions(),
-            "machine": machine(),
-            "load": load,
-            "baselines": dict(zip(args.baseline, bases, strict=True)),
-            "results": result,
-        },
-    )
+    write_json(pathlib.Path(args.json), run_record(load, args.baseline, bases, results=result))
     (RESULTS_DIR / "latency.md").write_text(text + "\n")
     return 0
 

@@ -61,11 +61,11 @@ from _common import (
     baseline_kernelspecs,
     fmt,
     label,
-    machine,
     md_table,
     median,
     ratio,
-    versions,
+    run_record,
+    wall_note,
     with_baselines,
     write_json,
 )
@@ -485,21 +485,9 @@ def _main(args: Any, bases: list[str], t_begin: float, load: dict[str, Any]) -> 
             _log(f"[startup] crowd {label(k)} {m}: {c['ok']}/{c['requested']} ok, wall {fmt(c.get('wall_all_exec'))}s")
     load["end"] = os.getloadavg()
     text = report(single, crowds, notes, args.reps, bases)
-    text += (
-        f"\n\n(startup bench wall time {time.monotonic() - t_begin:.0f} s; load average at start"
-        f" {load['start'][0]:.2f}, at end {load['end'][0]:.2f}; {machine()})\n"
-    )
+    text += wall_note("startup", time.monotonic() - t_begin, load)
     write_json(
-        pathlib.Path(args.json),
-        {
-            "versions": versions(),
-            "machine": machine(),
-            "load": load,
-            "baselines": dict(zip(args.baseline, bases, strict=True)),
-            "single": single,
-            "crowd": crowds,
-            "notes": notes,
-        },
+        pathlib.Path(args.json), run_record(load, args.baseline, bases, single=single, crowd=crowds, notes=notes)
     )
     pathlib.Path(args.md).write_text(text)
     print(text)
