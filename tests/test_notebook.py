@@ -78,6 +78,18 @@ def test_jupyter_execute_runs_a_notebook_on_trikernel_installed_as_python3(tmp_p
     _check(_run("python3", str(tmp_path / "out.ipynb"), env=as_python3))
 
 
+def _papermill(src: str, out: str, env: dict[str, str], *args: str) -> None:
+    """Run papermill on ``src`` (its ``python3`` kernel is trikernel in ``env``); it must succeed."""
+    r = subprocess.run(
+        [which("papermill"), src, out, *args, "--no-progress-bar"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 def test_papermill_runs_a_notebook_on_trikernel_installed_as_python3(tmp_path, as_python3):
     """papermill's own job: a parameters cell, overridden with ``-p``. (The tour
     has a cell that fails on purpose, which papermill stops at, as for any
@@ -90,14 +102,7 @@ def test_papermill_runs_a_notebook_on_trikernel_installed_as_python3(tmp_path, a
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     src, out = str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb")
     nbformat.write(nb, src)
-    r = subprocess.run(
-        [which("papermill"), src, out, "-p", "x", "41", "--no-progress-bar"],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        env=as_python3,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    _papermill(src, out, as_python3, "-p", "x", "41")
     cells = nbformat.read(out, as_version=4).cells
     assert "".join(o.get("text", "") for o in cells[-1].outputs) == "42 trikernel\n"
 
@@ -146,14 +151,7 @@ def test_papermill_passes_a_notebook_whose_background_work_fails(tmp_path, as_py
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     src, out = str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb")
     nbformat.write(nb, src)
-    r = subprocess.run(
-        [which("papermill"), src, out, "--no-progress-bar"],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        env=as_python3,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    _papermill(src, out, as_python3)
     cells = nbformat.read(out, as_version=4).cells
     assert [o.output_type for c in cells for o in c.outputs if o.output_type == "error"] == []
 
